@@ -1,0 +1,37 @@
+"""The kvdiag command line. This module only wires the command groups together; each
+command lives in its own module and imports what it needs when it runs."""
+
+from __future__ import annotations
+
+import typer
+
+from kvdiag.cli import generate
+
+app = typer.Typer(
+    name="kvdiag",
+    help="Find, measure and gate silent output corruption caused by KV-cache block reuse "
+    "in paged-attention LLM serving engines.\n\nExit codes of gates (verify, probe, "
+    "regress): 0 pass, 1 the check failed, 2 the run could not be made.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", help="Print the version and exit.", is_eager=True),
+) -> None:
+    if version:
+        from kvdiag import __version__
+
+        typer.echo(f"kvdiag {__version__}")
+        raise typer.Exit(0)
+
+
+app.command("generate")(generate.generate)
+
+
+def main() -> None:
+    app()

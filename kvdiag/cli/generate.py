@@ -1,0 +1,60 @@
+"""kvdiag generate: greedy generation with the reference engine on a local model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvdiag.cli.common import (DEFAULT_MODEL, AllocatorOpt, DeviceOpt, DtypeOpt, JsonOpt, ModelOpt,
+                               Output, handle_errors)
+from kvdiag.errors import KvdiagError
+
+
+def _parse_ids(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise KvdiagError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
+
+
+@handle_errors
+def generate(
+    model: ModelOpt = DEFAULT_MODEL,
+    prompt: Annotated[str | None, typer.Option("--prompt", help="Prompt text (tokenized as is, "
+                                               "special tokens added as the tokenizer does).")] = None,
+    prompt_ids: Annotated[str | None, typer.Option("--prompt-ids", help="Prompt token ids, e.g. 1,2,3.")] = None,
+    chat: Annotated[bool, typer.Option("--chat", help="Wrap --prompt as one user message in the "
+                                       "model's chat template.")] = False,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Tokens to generate at most.")] = 64,
+    allocator: AllocatorOpt = "prefix-cache",
+    device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Greedy generation with the reference engine on any supported local HF model directory.
+
+    With --json prints {"token_ids": [...], "text": "..."} for the generated tokens only.
+    """
+    from reference_engine.config import EngineConfig
+    from reference_engine.engine import LLMEngine
+
+    out = Output(as_json)
+    if (prompt is None) == (prompt_ids is None):
+        raise KvdiagError("give exactly one of --prompt or --prompt-ids")
+    engine = LLMEngine(Path(model), EngineConfig(allocator=allocator, device=device, dtype=dtype,
+                                                 max_num_seqs=1))
+    tok = engine.tokenizer
+    if prompt_ids is not None:
+        ids = _parse_ids(prompt_ids)
+    elif chat:
+        ids = tok.encode_chat([{"role": "user", "content": prompt}])
+    else:
+        ids = tok.encode(prompt)
+    (seq,) = engine.generate([ids], max_tokens=max_tokens)
+    text = tok.decode(seq.output_ids)
+    if as_json:
+        out.json({"token_ids": seq.output_ids, "text": text})
+    else:
+        out.out.print(text, markup=False)

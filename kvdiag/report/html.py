@@ -1,0 +1,213 @@
+"""One self-contained HTML page per run: verdict, decay curves, heatmap, ablations, trend.
+
+No scripts, fonts, stylesheets or images are loaded from anywhere: plots are inline SVG,
+styles an inline <style>, and the page reads the same without JavaScript.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kvdiag.metrics.decay import REFERENCE_ALLOCATOR
+
+if TYPE_CHECKING:
+    from pandas import DataFrame
+
+MAX_HEATMAPS = 4
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;
+ margin:0 auto;max-width:1100px;padding:0 16px 40px;color:#1b1b1b;background:#fff}
+header{border-bottom:3px solid #888;margin-bottom:8px}
+h1{font-size:24px;margin:18px 0 6px} h2{font-size:18px;margin:28px 0 6px}
+.badge{display:inline-block;padding:2px 12px;border-radius:4px;color:#fff;margin-right:8px}
+.verdict-pass .badge{background:#1a7f37} .verdict-fail .badge{background:#c0392b}
+.verdict-pass{border-color:#1a7f37} .verdict-fail{border-color:#c0392b}
+dl.meta{display:grid;grid-template-columns:max-content 1fr;gap:2px 14px;margin:8px 0}
+dl.meta dt{font-weight:600;color:#444} dl.meta dd{margin:0;overflow-wrap:anywhere}
+pre{background:#f4f4f4;border:1px solid #ddd;padding:8px;white-space:pre-wrap;
+ overflow-wrap:anywhere} code{font-family:ui-monospace,"DejaVu Sans Mono",monospace}
+figure.plot{margin:8px 0;border:1px solid #e3e3e3;padding:4px}
+figure.plot svg{display:block;max-width:100%;height:auto;margin:0 auto}
+figcaption,.note{color:#555;font-size:13px}
+table.data{border-collapse:collapse;margin:8px 0;font-size:13px}
+table.data caption{text-align:left;color:#555;padding:4px 0}
+table.data th,table.data td{border:1px solid #ddd;padding:3px 8px;text-align:right}
+table.data th{background:#f4f4f4} table.data td{white-space:nowrap}
+table.data td:first-child{text-align:left}
+td.healthy,td.pass{background:#dcf3e3;color:#11552a} td.watch{background:#fff1cc;color:#6b4d00}
+td.alert,td.fail{background:#fadbd8;color:#8e2218;font-weight:600} td.na{color:#777}
+nav a{margin-right:14px}
+"""
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{{ verdict }} · kvdiag {{ suite }}</title><style>{{ css }}</style></head>
+<body>
+<header class="verdict-{{ verdict|lower }}">
+<h1 id="verdict"><span class="badge">{{ verdict }}</span>kvdiag · suite {{ suite }}</h1>
+<dl class="meta">
+<dt>targets</dt><dd>{{ targets }}</dd><dt>cases</dt><dd>{{ cases }}</dd>
+<dt>signature</dt><dd><code>{{ signature }}</code></dd>
+<dt>created</dt><dd>{{ created }}</dd><dt>wall time</dt><dd>{{ wall }}</dd>
+<dt>BLEU</dt><dd><code>{{ bleu_signature }}</code></dd>
+</dl>
+<p>Rerun with:</p><pre><code>{{ command }}</code></pre>
+</header>
+<nav><a href="#decay">decay curves</a><a href="#alerts">SQDR / BRAI</a>
+<a href="#heatmap">heatmap</a><a href="#ablations">ablations</a>
+{% if trend %}<a href="#trend">trend</a>{% endif %}</nav>
+<section id="decay"><h2>Decay per round · case {{ main_case }}</h2>
+<figure class="plot">{{ decay_svg }}
+<figcaption>One line per allocator or target; the contiguous reference (ground truth, no
+paging) is the black dashed line on a grey band. A dotted vertical line and a ring mark the round where a
+series' outputs first depart from the reference's.</figcaption></figure></section>
+<section id="alerts"><h2>SQDR and BRAI · case {{ main_case }}</h2>
+<p class="note">SQDR = (pass rate at round 1 − pass rate at round n) / n: healthy ≤ 0.005,
+alert &gt; 0.01. BRAI = |block reuse rate − the guarded baseline's|: alert &gt; 0.05.</p>
+{{ alert_table }}</section>
+<section id="heatmap"><h2>{{ heat_title }} by session × round · case {{ main_case }}</h2>
+{% if heat_svg %}<figure class="plot">{{ heat_svg }}<figcaption>{{ heat_caption }}</figcaption>
+</figure>{% else %}<p class="note">No rows to draw.</p>{% endif %}</section>
+<section id="ablations"><h2>Ablations</h2>
+<p class="note">One row per case × allocator (or target), over all rounds. Control cases should
+stay flat: no foreign slots, no leakage, fact-check and BLEU-4 equal to the reference.</p>
+{{ ablation_table }}
+<details><summary>Per-round values · case {{ main_case }}</summary>{{ rounds_table }}</details>
+</section>
+{% if trend %}<section id="trend"><h2>Trend over runs</h2>
+<figure class="plot">{{ trend }}</figure>{{ history_table }}</section>{% endif %}
+<footer><p class="note">The guarded allocator's SequenceGuard (generation stamps checked on
+every cache hit and recycle) is kvdiag's own design; vLLM has no such guard.</p></footer>
+</body></html>
+"""
+
+
+def write_report(run_dir: Path, out: Path | None = None,
+                 history: DataFrame | None = None) -> Path:
+    """Write `out` (default RUN_DIR/report.html) from RUN_DIR/results.parquet + summary.json."""
+    results, summary = load_run(Path(run_dir))
+    out = Path(out) if out is not None else Path(run_dir) / "report.html"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_report(results, summary, history), encoding="utf-8")
+    return out
+
+
+def load_run(run_dir: Path) -> tuple[DataFrame, dict]:
+    """The run's records and summary; FileNotFoundError / ValueError name the bad file."""
+    import pandas as pd
+
+    results, summary = run_dir / "results.parquet", run_dir / "summary.json"
+    for path in (results, summary):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: not found (is {run_dir} a kvdiag run directory?)")
+    try:
+        data = json.loads(summary.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{summary}: not valid JSON ({exc})") from exc
+    return pd.read_parquet(results), data
+
+
+def render_report(results: DataFrame, summary: dict, history: DataFrame | None = None) -> str:
+    """The page as a string (see the module docstring)."""
+    import jinja2
+    from markupsafe import Markup
+
+    from kvdiag.metrics.decay import MAIN_CASE, per_round, series_name, summarize
+    from kvdiag.report import plots, tables
+
+    df = results.copy()
+    df["series"] = [series_name(t, a) for t, a in zip(df["target"], df["allocator"])]
+    table = per_round(df)
+    table["series"] = [series_name(t, a) for t, a in zip(table["target"], table["allocator"])]
+    computed = summarize(df)
+    by_case = {**computed["by_case"], **summary.get("by_case", {})}
+    cases = list(dict.fromkeys(df["case"]))
+    main = summary.get("main_case") or (MAIN_CASE if MAIN_CASE in cases else cases[0])
+    sqdr = summary.get("sqdr") or by_case.get(main, {}).get("sqdr", {})
+    brai = summary.get("brai") or by_case.get(main, {}).get("brai", {})
+    by_case[main] = {"sqdr": sqdr, "brai": brai}
+    main_table = table[table["case"] == main]
+    main_rows = df[df["case"] == main]
+    heat = heatmap_grids(main_rows)
+    verdict = str(summary.get("verdict", "unknown")).upper()
+    page = jinja2.Environment(autoescape=True).from_string(_PAGE)
+    return page.render(
+        css=Markup(_CSS), verdict=verdict, suite=summary.get("suite", "?"),
+        targets=", ".join(summary.get("targets") or dict.fromkeys(df["target"])),
+        cases=", ".join(summary.get("cases") or cases), main_case=main,
+        signature=summary.get("signature", "?"), created=summary.get("created", "?"),
+        wall=_seconds(summary.get("wall_seconds")),
+        bleu_signature=summary.get("bleu_signature", computed["bleu_signature"]),
+        command=summary.get("command", "(not recorded in summary.json)"),
+        decay_svg=Markup(plots.decay_curves(
+            main_table, departure_rounds(main_table),
+            f"Per-round quality · suite {summary.get('suite', '?')} · case {main}")),
+        alert_table=Markup(tables.to_html(tables.alert_table(sqdr, brai), "alerts")),
+        heat_title=heat[1].capitalize() if heat else "Leakage",
+        heat_svg=Markup(plots.heatmap(heat[0], heat[1])) if heat else None,
+        heat_caption=heat[2] if heat else "",
+        ablation_table=Markup(tables.to_html(tables.ablation_table(df, by_case), "ablations")),
+        rounds_table=Markup(tables.to_html(tables.rounds_table(main_table), "rounds")),
+        trend=Markup(plots.trend(history)) if history is not None and len(history) else None,
+        history_table=Markup(tables.to_html(tables.history_table(history), "history"))
+        if history is not None and len(history) else "",
+    )
+
+
+def departure_rounds(table: DataFrame) -> dict[str, int | None]:
+    """series -> first round whose outputs depart from the contiguous reference, or None.
+
+    A round departs when any session's tokens diverge, BLEU-4 falls below 100, or the
+    fact-check pass rate differs from the reference's in that round.
+    """
+    reference = table[table["series"] == REFERENCE_ALLOCATOR]
+    ref_pass = dict(zip(reference["round"], reference["fact_check_pass_rate"]))
+    out: dict[str, int | None] = {}
+    for name, rows in table.groupby("series", sort=False):
+        out[name] = None
+        for rec in rows.sort_values("round").to_dict("records"):
+            ref = ref_pass.get(rec["round"], math.nan)
+            own = rec["fact_check_pass_rate"]
+            if (rec["diverged_sessions"] > 0 or rec["bleu4"] < 100 - 1e-9
+                    or (not math.isnan(ref) and not math.isnan(own) and abs(own - ref) > 1e-9)):
+                out[name] = int(rec["round"])
+                break
+    return out
+
+
+def heatmap_grids(rows: DataFrame) -> tuple[dict, str, str] | None:
+    """session x round grids per non-reference series: leakage, or else divergence share."""
+    rows = rows[rows["series"] != REFERENCE_ALLOCATOR]
+    if rows.empty:
+        return None
+    if rows["attention_leakage"].notna().any():
+        column, measure = "attention_leakage", "attention leakage"
+        caption = "Mean attention mass on foreign or unwritten slots per generated token."
+    else:
+        rows = rows.assign(divergence=[_divergence(r) for r in rows.to_dict("records")])
+        column, measure = "divergence", "diverged share of output"
+        caption = ("Leakage was not captured for this target; shown instead: the share of "
+                   "each output after its first token that differs from the reference.")
+    names = list(dict.fromkeys(rows["series"]))[:MAX_HEATMAPS]
+    grids = {n: rows[rows["series"] == n].pivot_table(index="session", columns="round",
+                                                      values=column, aggfunc="mean",
+                                                      dropna=False)
+             for n in names}
+    return grids, measure, caption
+
+
+def _divergence(record: dict) -> float:
+    first = record.get("first_divergence")
+    if first is None or str(first) == "<NA>" or (isinstance(first, float) and math.isnan(first)):
+        return 0.0
+    length = max(len(record["output_token_ids"]), len(record["reference_token_ids"]), 1)
+    return 1.0 - int(first) / length
+
+
+def _seconds(value) -> str:
+    return "?" if value is None else f"{float(value):.1f} s"

@@ -1,0 +1,129 @@
+"""Physical K/V storage, the slot mapping, and the provenance ledger.
+
+Physical layout, per layer (one extra "null" block at the end is always zero and is never
+handed out; padded gathers point at it):
+
+    k[layer]: [num_blocks + 1, block_size, num_kv_heads, head_dim]
+
+A slot is `block_id * block_size + offset`. Token i of a sequence lives at
+
+    slot(i) = block_table[i // block_size] * block_size + i % block_size
+
+    block_table = [7, 2, 9]       block_size = 4, 10 tokens
+    positions     0 1 2 3 | 4 5 6 7 | 8 9 . .
+    slots        28 ... 31| 8 ... 11|36 37 38 39   <- 38, 39: allocated, unwritten
+
+The provenance ledger keeps, per slot, the fingerprint of the token prefix whose K/V the
+writer stored there (UNWRITTEN after allocation). A reader whose own prefix fingerprint at
+that position differs has read a foreign slot.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+UNWRITTEN = 0  # ledger value of a slot nobody wrote since its block was allocated
+
+_P = np.uint64(0x100000001B3)  # odd, so invertible mod 2**64
+_P_INV = np.uint64(pow(int(_P), -1, 1 << 64))
+_MASK = (1 << 64) - 1
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser, elementwise on uint64 (wrapping arithmetic)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+class Fingerprints:
+    """Per-position 64-bit fingerprints of a token prefix: fp[i] depends on tokens[0..i] and
+    nothing else, so the same prefix gives the same fingerprint whichever sequence wrote it.
+
+    raw[i] = raw[i-1] * P + (token_i + 1)  (mod 2**64), published = mix(raw) (never 0).
+    Computed for the whole prompt at once (a scan via powers of P and P^-1), then extended
+    token by token as the sequence decodes.
+    """
+
+    def __init__(self, token_ids) -> None:
+        t = np.asarray(token_ids, dtype=np.uint64) + np.uint64(1)
+        n = len(t)
+        with np.errstate(over="ignore"):
+            p_pow = np.concatenate([[np.uint64(1)], np.cumprod(np.full(max(n - 1, 0), _P, dtype=np.uint64))])[:n]
+            p_inv = np.concatenate([[np.uint64(1)], np.cumprod(np.full(max(n - 1, 0), _P_INV, dtype=np.uint64))])[:n]
+            raw = p_pow * np.cumsum(t * p_inv, dtype=np.uint64)
+        self._last_raw = int(raw[-1]) if n else 0
+        self._values = np.empty(max(16, 2 * n), dtype=np.int64)
+        self._n = n
+        self._values[:n] = self._publish(raw)
+
+    @staticmethod
+    def _publish(raw: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore"):
+            out = _mix(raw).view(np.int64)
+        out[out == UNWRITTEN] = 1
+        return out
+
+    def append(self, token_id: int) -> None:
+        self._last_raw = (self._last_raw * int(_P) + token_id + 1) & _MASK
+        if self._n == len(self._values):
+            self._values = np.concatenate([self._values, np.empty_like(self._values)])
+        self._values[self._n] = self._publish(np.array([self._last_raw], dtype=np.uint64))[0]
+        self._n += 1
+
+    def __len__(self) -> int:
+        return self._n
+
+    def values(self, start: int = 0, end: int | None = None) -> np.ndarray:
+        end = self._n if end is None else end
+        return self._values[start:end]
+
+
+class PagedKVCache:
+    """K/V tensors of every layer plus the provenance ledger, on one device."""
+
+    def __init__(self, *, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
+                 head_dim: int, dtype: torch.dtype, device: str) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.null_block = num_blocks  # the extra block: zero, never allocated
+        shape = (num_blocks + 1, block_size, num_kv_heads, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # Ledger on the CPU: it is bookkeeping, read with numpy indices.
+        self.ledger = np.zeros((num_blocks + 1) * block_size, dtype=np.int64)
+
+    def flat_k(self, layer: int) -> torch.Tensor:
+        return self.k[layer].view(-1, *self.k[layer].shape[2:])  # [slots, kvh, d]
+
+    def flat_v(self, layer: int) -> torch.Tensor:
+        return self.v[layer].view(-1, *self.v[layer].shape[2:])
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v: [N, kvh, d] for the N tokens of this step; slots: [N]."""
+        self.flat_k(layer).index_copy_(0, slots, k)
+        self.flat_v(layer).index_copy_(0, slots, v)
+
+    def prepare_new_blocks(self, block_ids: list[int], recycled: list[int], zero: bool,
+                           recycled_fill: float | None) -> None:
+        """A block handed out for new K/V: mark its slots unwritten; a recycled block first
+        takes `recycled_fill` (another tenant's bytes), then zero if the allocator asks."""
+        if not block_ids:
+            return
+        bs = self.block_size
+        for b in block_ids:
+            self.ledger[b * bs:(b + 1) * bs] = UNWRITTEN
+        if recycled and recycled_fill is not None:
+            idx = torch.tensor(recycled, device=self.k[0].device)
+            for t in (*self.k, *self.v):
+                t.index_fill_(0, idx, recycled_fill)
+        if zero:
+            idx = torch.tensor(block_ids, device=self.k[0].device)
+            for t in (*self.k, *self.v):
+                t.index_fill_(0, idx, 0.0)
+
+    def record(self, slots: np.ndarray, fingerprints: np.ndarray) -> None:
+        self.ledger[slots] = fingerprints

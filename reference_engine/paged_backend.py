@@ -1,0 +1,146 @@
+"""The paged attention backend of one step: slot mapping, block-table gathers, and the
+provenance check of every slot each sequence reads (foreign / unwritten), plus attention
+leakage when capture is on. Built once per step, used by every layer."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from reference_engine.attention import decode_attention, prefill_attention
+from reference_engine.kv_cache import UNWRITTEN, PagedKVCache
+from reference_engine.scheduler import ScheduledSeq
+
+
+class _Item:
+    """One sequence's share of the step, with the slots it reads and their provenance."""
+
+    __slots__ = ("sched", "row0", "start", "ctx", "slots", "bad", "np_slots", "np_bad", "leak", "probs")
+
+    def __init__(self, sched: ScheduledSeq, row0: int) -> None:
+        self.sched, self.row0 = sched, row0
+        self.start = sched.seq.num_computed_tokens
+        self.ctx = self.start + sched.num_tokens
+        self.leak: list[torch.Tensor] = []  # per layer: attention mass on bad slots, [H]
+        self.probs: list[torch.Tensor] = []
+
+
+def _track(seq, name: str, ctx: int, mask: np.ndarray) -> int:
+    """OR `mask` into the sequence's per-position record; return how many positions it holds."""
+    seen = getattr(seq, name)
+    if seen is None or len(seen) < ctx:
+        grown = np.zeros(max(ctx, 2 * (0 if seen is None else len(seen))), dtype=bool)
+        if seen is not None:
+            grown[:len(seen)] = seen
+        seen = grown
+        setattr(seq, name, seen)
+    seen[:ctx] |= mask
+    return int(seen.sum())
+
+
+class PagedBackend:
+    def __init__(self, cache: PagedKVCache, batch: list[ScheduledSeq], *, mode: str, scale: float,
+                 capture: bool, keep: bool, device) -> None:
+        self.cache, self.mode, self.scale, self.capture, self.keep = cache, mode, scale, capture, keep
+        bs = cache.block_size
+        self.items, new_slots, row = [], [], 0
+        for s in batch:
+            item = _Item(s, row)
+            row += s.num_tokens
+            table = np.asarray(s.seq.block_table, dtype=np.int64)
+            pos = np.arange(item.start, item.ctx)
+            slots = table[pos // bs] * bs + pos % bs
+            cache.record(slots, s.seq.fingerprints.values(item.start, item.ctx))
+            new_slots.append(slots)
+            self.items.append(item)
+        self.slot_mapping = torch.from_numpy(np.concatenate(new_slots)).to(device)
+        for item in self.items:  # after every write of the step is recorded
+            self._check_provenance(item, bs)
+        self.decode = [it for it in self.items if it.sched.num_tokens == 1]
+        self.prefill = [it for it in self.items if it.sched.num_tokens > 1]
+        if self.decode:
+            self._build_decode(device)
+        for it in self.prefill:
+            it.slots = torch.from_numpy(it.slots).to(device)
+            it.bad = torch.from_numpy(it.bad).to(device)
+
+    def _check_provenance(self, item: _Item, bs: int) -> None:
+        seq, ctx = item.sched.seq, item.ctx
+        nblocks = -(-ctx // bs)
+        table = np.asarray(seq.block_table[:nblocks], dtype=np.int64)
+        slots = (table[:, None] * bs + np.arange(bs)).ravel()
+        if self.mode == "additive":
+            slots = slots[:ctx]  # the kernel never touches the unwritten tail
+        got = self.cache.ledger[slots[:ctx]]
+        expected = seq.fingerprints.values(0, ctx)
+        unwritten = got == UNWRITTEN
+        foreign = (got != expected) & ~unwritten
+        seq.stats.foreign_slots = _track(seq, "foreign_seen", ctx, foreign)
+        seq.stats.unwritten_slots = _track(seq, "unwritten_seen", ctx, unwritten)
+        bad = np.ones(len(slots), dtype=bool)  # tail slots (multiply mode) are not ours either
+        bad[:ctx] = foreign | unwritten
+        item.slots, item.bad = slots, bad
+        item.np_slots, item.np_bad = slots, bad
+
+    def _build_decode(self, device) -> None:
+        items, null = self.decode, self.cache.null_block * self.cache.block_size
+        width = max(len(it.slots) for it in items)
+        idx = np.full((len(items), width), null, dtype=np.int64)
+        valid = np.zeros((len(items), width), dtype=bool)
+        bad = np.zeros((len(items), width), dtype=bool)
+        for b, it in enumerate(items):
+            idx[b, :len(it.slots)] = it.slots
+            valid[b, :it.ctx] = True
+            bad[b, :len(it.bad)] = it.bad
+        self.dec_idx = torch.from_numpy(idx.ravel()).to(device)
+        self.dec_shape = (len(items), width)
+        self.dec_valid = torch.from_numpy(valid).to(device)
+        self.dec_bad = torch.from_numpy(bad).to(device)
+        self.dec_rows = torch.tensor([it.row0 for it in items], device=device)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self.cache.write(layer, self.slot_mapping, k, v)
+        fk, fv = self.cache.flat_k(layer), self.cache.flat_v(layer)
+        out = torch.empty_like(q)
+        if self.decode:
+            shape = (*self.dec_shape, *fk.shape[1:])
+            kg = fk.index_select(0, self.dec_idx).view(shape)
+            vg = fv.index_select(0, self.dec_idx).view(shape)
+            o, probs = decode_attention(q[self.dec_rows], kg, vg, self.dec_valid, self.mode,
+                                        self.scale, self.capture)
+            out[self.dec_rows] = o
+            if probs is not None:
+                self._capture(self.decode, probs, self.dec_bad)
+        for it in self.prefill:
+            r0, r1 = it.row0, it.row0 + it.sched.num_tokens
+            o, p_last = prefill_attention(q[r0:r1], fk.index_select(0, it.slots),
+                                          fv.index_select(0, it.slots), it.start, it.ctx,
+                                          self.mode, self.scale,
+                                          self.capture and it.sched.samples)
+            out[r0:r1] = o
+            if p_last is not None:
+                self._capture([it], p_last[None], it.bad[None])
+        return out
+
+    def _capture(self, items: list[_Item], probs: torch.Tensor, bad: torch.Tensor) -> None:
+        """probs: [B, H, L]; bad: [B, L]. A head whose row holds NaN leaked everything."""
+        mass = (probs * bad[:, None, :]).sum(-1)
+        mass = torch.where(torch.isfinite(probs).all(-1), mass, torch.ones_like(mass))
+        for b, it in enumerate(items):
+            it.leak.append(mass[b].cpu())
+            if self.keep:
+                it.probs.append(probs[b, :, : len(it.np_slots)].cpu())
+
+    def record_leakage(self) -> None:
+        """Fold this step's per-layer, per-head masses into each sampling sequence's stats."""
+        for it in self.items:
+            if not it.leak:
+                continue
+            seq = it.sched.seq
+            m = torch.stack(it.leak)  # [layers, H]
+            seq.stats.leakage_sum += float(m.mean())
+            seq.stats.leakage_max = max(seq.stats.leakage_max, float(m.max()))
+            seq.stats.leakage_tokens += 1
+            if self.keep:  # probs [layers, H, slots read]; bad/slots per slot read
+                seq.attention.append({"probs": torch.stack(it.probs), "bad": it.np_bad,
+                                      "slots": it.np_slots, "ctx": it.ctx})

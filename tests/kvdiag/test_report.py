@@ -1,0 +1,166 @@
+"""The HTML report: built from a synthetic run, checked as text and in headless Chromium.
+
+The synthetic run has realistic shapes (16 sessions x 12 rounds; a guarded allocator that
+stays flat, a buggy one that decays from round 4; two flat control ablations).
+TODO(lead): switch `run_dir` to a real `kvdiag reproduce` run once the runner lands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from kvdiag.metrics.decay import summarize
+from kvdiag.report import render_report, write_report
+
+CHROMIUM = Path("/usr/bin/chromium")
+WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa",
+         "lambda", "mu", "nu", "xi")
+COMMAND = "kvdiag reproduce --suite suites/reproduce.yaml --allocators buggy,guarded --out x"
+
+
+def synthetic_results(sessions: int = 16, rounds: int = 12, seed: int = 0) -> pd.DataFrame:
+    rng = random.Random(seed)
+    rows = []
+    plan = [("trigger", a) for a in ("contiguous", "guarded", "buggy")] + [
+        (case, a) for case in ("no-caching", "no-recycling") for a in ("contiguous", "buggy")]
+    for case, allocator in plan:
+        for s in range(sessions):
+            for r in range(1, rounds + 1):
+                recite = (s + r) % 3 == 0
+                ref_ids = [rng.randrange(1000) for _ in range(30 if recite else 2)]
+                ref_text = " ".join(WORDS[i % len(WORDS)] for i in ref_ids)
+                corrupt = (case == "trigger" and allocator == "buggy"
+                           and rng.random() < min(1.0, max(0.0, (r - 3) * 0.13)))
+                out_ids = list(ref_ids)
+                first = None
+                if corrupt:
+                    first = rng.randrange(len(ref_ids))
+                    out_ids[first:] = [(i + 7) % 1000 for i in ref_ids[first:]]
+                needed = 256 + 24 * r
+                cached = 0 if allocator == "contiguous" or case == "no-caching" else needed - 24
+                rows.append({
+                    "case": case, "target": "reference", "allocator": allocator,
+                    "session": f"s{s:02d}", "round": r,
+                    "kind": "recite" if recite else "question",
+                    "prompt_tokens": needed * 16, "cached_tokens": cached * 16,
+                    "blocks_needed": needed,
+                    "blocks_hit": cached + (12 if allocator == "buggy" and r > 3 and cached else 0),
+                    "attention_leakage": rng.uniform(0.05, 0.3) if corrupt else 0.0,
+                    "attention_leakage_max": rng.uniform(0.4, 0.9) if corrupt else 0.0,
+                    "foreign_slots": rng.randrange(16, 64) if corrupt else 0,
+                    "unwritten_slots": 0,
+                    "guard_rejections": 2 if allocator == "guarded" and r > 3 else 0,
+                    "nonfinite_logits": 0, "preemptions": 1 if r % 5 == 0 else 0,
+                    "output_text": " ".join(WORDS[i % len(WORDS)] for i in out_ids),
+                    "reference_text": ref_text,
+                    "output_token_ids": out_ids, "reference_token_ids": ref_ids,
+                    "first_divergence": first,
+                    "fact_check_pass": float("nan") if recite else (0.0 if corrupt else 1.0),
+                })
+    df = pd.DataFrame(rows)
+    df["first_divergence"] = df["first_divergence"].astype("Int64")
+    return df
+
+
+def write_run(run_dir: Path, results: pd.DataFrame, verdict: str = "fail") -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    results.to_parquet(run_dir / "results.parquet")
+    summary = {"signature": "kvdiag:0.1|engine:reference|alloc:buggy,guarded|bs:16|"
+                            "model:canary-0123abcd|suite:reproduce|seed:0",
+               "suite": "reproduce", "verdict": verdict, "wall_seconds": 41.7,
+               "command": COMMAND, "created": "2025-11-29T10:00:00+00:00",
+               "targets": ["reference"], "cases": list(dict.fromkeys(results["case"])),
+               **summarize(results)}
+    (run_dir / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
+    return run_dir
+
+
+def history() -> pd.DataFrame:
+    rows = []
+    for k in range(8):
+        for target, base in (("buggy", 0.004), ("guarded", 0.0)):
+            sq = base * (1 + k) if target == "buggy" else 0.0
+            rows.append({"run_id": f"run{k}", "created": f"2025-11-{10 + k:02d}",
+                         "suite": "weekly", "target": target, "sqdr": sq,
+                         "brai": 0.01 * k if target == "buggy" else 0.0,
+                         "verdict": "fail" if sq > 0.01 else "pass"})
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> Path:
+    run_dir = write_run(tmp_path_factory.mktemp("run"), synthetic_results())
+    return write_report(run_dir, history=history())
+
+
+def test_report_is_self_contained_and_small(report: Path) -> None:
+    text = report.read_text(encoding="utf-8")
+    assert report == report.parent / "report.html"
+    assert report.stat().st_size < 2 * 1024 * 1024
+    assert "<script" not in text.lower()
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", text)
+    assert "@import" not in text and "url(http" not in text
+    assert text.count("<svg") == 3  # decay curves, heatmap, trend
+    assert "FAIL" in text and COMMAND in text and "canary-0123abcd" in text
+    ids = re.findall(r'\bid="([^"]+)"', text)
+    assert len(ids) == len(set(ids)), "duplicate element ids"
+    for word in ("no-caching", "no-recycling", "SQDR", "BRAI", "0.005", "0.01", "0.05"):
+        assert word in text
+
+
+def test_report_without_history_or_leakage(tmp_path: Path) -> None:
+    results = synthetic_results(sessions=4, rounds=5)
+    results["attention_leakage"] = float("nan")  # a live endpoint: attention not captured
+    results["attention_leakage_max"] = float("nan")
+    out = write_report(write_run(tmp_path / "run", results, "pass"), tmp_path / "r" / "x.html")
+    text = out.read_text(encoding="utf-8")
+    assert "PASS" in text and "Trend over runs" not in text
+    assert "diverged share of output" in text and "not measured here" in text
+
+
+def test_missing_run_files_are_named(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="results.parquet"):
+        write_report(tmp_path)
+    html = render_report(synthetic_results(2, 3), {"verdict": "pass", "suite": "smoke"})
+    assert "not recorded" in html  # an old summary without `command` still renders
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="/usr/bin/chromium absent: apt-get install chromium")
+def test_report_in_headless_chromium(report: Path, tmp_path: Path) -> None:
+    from playwright.sync_api import sync_playwright
+
+    errors, remote = [], []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 900},
+                                    java_script_enabled=False)
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("request", lambda r: remote.append(r.url)
+                    if r.url.startswith(("http:", "https:")) else None)
+            page.goto(report.resolve().as_uri(), wait_until="load")
+            shot = Path(os.environ.get("KVDIAG_ARTIFACTS", tmp_path)) / "report.png"
+            shot.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(shot), full_page=True)
+            assert shot.stat().st_size > 10_000
+            verdict = page.locator("#verdict")
+            assert verdict.is_visible() and "FAIL" in verdict.inner_text()
+            plots = page.locator("figure.plot svg")
+            assert plots.count() == 3
+            for k in range(plots.count()):
+                box = plots.nth(k).bounding_box()
+                assert box and box["width"] > 100 and box["height"] > 100, box
+        finally:
+            browser.close()
+    assert errors == [], errors
+    assert remote == [], remote
