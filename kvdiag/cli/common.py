@@ -67,9 +67,8 @@ def enable_engine_log() -> None:
 
 def user_errors():
     """The exceptions that mean bad input or an unreachable target, never a bug."""
-    from reference_engine.errors import EngineError
-
     from kvdiag.errors import KvdiagError
+    from reference_engine.errors import EngineError
 
     return (EngineError, KvdiagError, FileNotFoundError, ValueError)
 

@@ -7,8 +7,16 @@ from typing import Annotated
 
 import typer
 
-from kvdiag.cli.common import (DEFAULT_MODEL, AllocatorOpt, DeviceOpt, DtypeOpt, JsonOpt, ModelOpt,
-                               Output, handle_errors)
+from kvdiag.cli.common import (
+    DEFAULT_MODEL,
+    AllocatorOpt,
+    DeviceOpt,
+    DtypeOpt,
+    JsonOpt,
+    ModelOpt,
+    Output,
+    handle_errors,
+)
 from kvdiag.errors import KvdiagError
 
 
