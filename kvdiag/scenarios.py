@@ -27,6 +27,7 @@ the pool would thrash into a total miss instead of a steady, partial recycling.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -77,67 +78,77 @@ class Schedule:
         return out
 
 
-def _growths(rng: random.Random, n: int, min_user: int, answers: Sequence[int]) -> list[int]:
-    """Uneven user-turn lengths (chat template included): mostly short, sometimes long."""
-    choices = [0, 2, 4, 7, 11, 17, 26, 40, 55]
-    return [min_user + rng.choice(choices) for _ in range(n)]
+EXTRA = (0, 2, 4, 7, 11, 17, 26, 40, 55)  # uneven growth beyond the shortest user turn
 
 
-def make_schedule(condition: str, answer_lengths: Sequence[Sequence[int]], *, min_user: int,
-                  seed: int = 0, block_size: int = 16, shared_prefix: int = 3072,
-                  boundary: int = 4096, start_range: tuple[int, int] = (3780, 4040),
-                  pressure_round: int = 3, headroom_blocks: int | None = None,
-                  max_think: int = 40) -> Schedule:
-    """Prompt lengths for every session and round under `condition` (see module doc).
+class LengthPlanner:
+    """Chooses each round's prompt length for one session under a condition, once the
+    round's shortest feasible length and its answer length are known (a session builder
+    calls it round by round). Deterministic by (seed, session)."""
 
-    answer_lengths[s][r]: tokens the model generates in round r (stop token included);
-    min_user: the fewest tokens a user turn adds to the history (template + question).
-    """
-    if condition not in CONDITIONS:
-        raise ValueError(f"unknown condition {condition!r} (known: {', '.join(CONDITIONS)})")
-    rng = random.Random(seed)
-    bs = block_size
-    prompts = []
-    for s, answers in enumerate(answer_lengths):
-        rounds = len(answers)
-        if condition == "uniform":
-            if max(answers) + min_user > bs:
-                raise ValueError(f"uniform: session {s} answers up to {max(answers)} tokens; "
-                                 f"a one-block turn holds at most {bs - min_user}")
-            first = (rng.randint(*start_range) // bs) * bs + bs - 1
-            prompts.append(tuple(first + bs * r for r in range(rounds)))
-            continue
-        if condition == "no-jump":
-            first = rng.randint(*start_range)
-            first += (-(first + answers[0] - 1)) % bs  # history end lands on a boundary
-            lens = [first]
-            for r in range(1, rounds):
-                end = lens[-1] + answers[r - 1]  # next history starts here (stop token included)
-                nxt = end + min_user + bs * rng.choice([0, 0, 1, 2, 3])
-                nxt += (-(nxt + answers[r] - 1)) % bs
-                lens.append(nxt)
-            prompts.append(tuple(lens))
-            continue
-        growth = _growths(rng, rounds - 1, min_user, answers)
-        lens = [0]
-        for r in range(1, rounds):
-            lens.append(lens[-1] + answers[r - 1] + growth[r - 1])
-        if s % 2 == 0:
-            # the reported jump: one token short of the boundary, then past it by a block
-            j = 1 + (s // 2) % max(1, rounds - 2)
-            need = boundary + bs - (boundary - 1) - answers[j]  # user turn for 4095 -> 4112
-            if need >= min_user:
-                delta = lens[j + 1] - lens[j] - answers[j]
-                lens = lens[: j + 1] + [x - delta + need for x in lens[j + 1:]]
-            offset = boundary - 1 - lens[j]
-        else:
-            offset = rng.randint(*start_range)
-        prompts.append(tuple(offset + x for x in lens))
-    answers_t = tuple(tuple(a) for a in answer_lengths)
-    think_rng = random.Random(seed + 1)
+    def __init__(self, condition: str, session_index: int, *, seed: int = 0, block_size: int = 16,
+                 boundary: int = 4096, start_range: tuple[int, int] = (3780, 4040)) -> None:
+        if condition not in CONDITIONS:
+            raise ValueError(f"unknown condition {condition!r} (known: {', '.join(CONDITIONS)})")
+        self.condition, self.bs, self.boundary = condition, block_size, boundary
+        self.rng = random.Random(f"lengths:{seed}:{session_index}")
+        self.start_range = start_range
+        # Every other session takes the reported jump (one short of the boundary, then past it).
+        self.jumps = session_index % 2 == 0
+        self.jumped = False
+        self.prev: int | None = None
+
+    def limit(self, r: int) -> int | None:
+        """The longest prompt round r may have, before its request is chosen."""
+        return self.prev + self.bs if self.condition == "uniform" and r > 0 else None
+
+    def __call__(self, r: int, min_len: int, answer: int) -> int:
+        target = getattr(self, "_" + self.condition.replace("-", "_"), self._trigger)(r, min_len, answer)
+        if target < min_len:
+            raise ValueError(f"{self.condition}: round {r} needs at least {min_len} tokens, "
+                             f"the schedule allows {target}")
+        self.prev = target
+        return target
+
+    def _trigger(self, r: int, min_len: int, answer: int) -> int:
+        bs, edge = self.bs, self.boundary - 1
+        if r == 0:
+            lo, hi = self.start_range
+            start = self.rng.randint(edge - 220, edge - 40) if self.jumps else self.rng.randint(lo, hi)
+            return max(start, min_len)
+        target = min_len + self.rng.choice(EXTRA)
+        if self.jumps and not self.jumped:
+            if self.prev == edge:  # 4095 -> 4112, or the next boundary that fits
+                self.jumped = True
+                return max(self.boundary + bs, -(-min_len // bs) * bs)
+            if target >= edge >= min_len and answer + 8 <= bs:
+                return edge
+        return target
+
+    _no_caching = _big_pool = _trigger
+
+    def _no_jump(self, r: int, min_len: int, answer: int) -> int:
+        base = self.rng.randint(*self.start_range) if r == 0 else min_len + self.bs * self.rng.choice((0, 0, 1, 2, 3))
+        base = max(base, min_len)
+        return base + (-(base + answer - 1)) % self.bs  # the history ends on a boundary
+
+    def _uniform(self, r: int, min_len: int, answer: int) -> int:
+        if r == 0:  # one token short of a boundary, reaching 4095 within the run
+            first = self.boundary - 1 - self.bs * self.rng.randint(1, 10)
+            return first + self.bs * max(0, -(-(min_len - first) // self.bs))
+        return self.prev + self.bs
+
+
+def finish_schedule(condition: str, prompt_lengths, answer_lengths, *, block_size: int = 16,
+                    shared_prefix: int, pressure_round: int = 3, max_think: int = 40,
+                    seed: int = 0, headroom_blocks: int | None = None) -> Schedule:
+    """Size the pool and draw think times for sessions whose lengths are known."""
+    prompts = tuple(tuple(p) for p in prompt_lengths)
+    answers = tuple(tuple(a) for a in answer_lengths)
+    think_rng = random.Random(f"think:{seed}")
     think = tuple(tuple(0 if r == 0 else think_rng.randint(0, max_think) for r in range(len(a)))
-                  for a in answer_lengths)
-    base = Schedule(condition, bs, shared_prefix, tuple(prompts), answers_t, 0,
+                  for a in answers)
+    base = Schedule(condition, block_size, shared_prefix, prompts, answers, 0,
                     enable_prefix_caching=condition != "no-caching", think_steps=think)
     headroom = headroom_blocks if headroom_blocks is not None else 2 * len(prompts)
     last = base.num_rounds - 1
@@ -145,7 +156,25 @@ def make_schedule(condition: str, answer_lengths: Sequence[Sequence[int]], *, mi
     num_blocks = base.footprint(fit) + headroom
     if condition == "big-pool":  # also every partial and decode block ever replaced: nothing recycled
         num_blocks += 2 * len(prompts) * base.num_rounds
-    if min(min(p) for p in prompts) <= shared_prefix:
-        raise ValueError(f"{condition}: a prompt is not longer than the shared prefix ({shared_prefix})")
-    return Schedule(condition, bs, shared_prefix, tuple(prompts), answers_t, num_blocks,
-                    base.enable_prefix_caching, think)
+    return dataclasses.replace(base, num_blocks=num_blocks)
+
+
+def make_schedule(condition: str, answer_lengths: Sequence[Sequence[int]], *, min_user: int,
+                  seed: int = 0, block_size: int = 16, shared_prefix: int = 3072,
+                  boundary: int = 4096, start_range: tuple[int, int] = (3780, 4040),
+                  pressure_round: int = 3, headroom_blocks: int | None = None,
+                  max_think: int = 40) -> Schedule:
+    """Token-level schedule for known answer lengths (stop token included): a user turn adds
+    at least `min_user` tokens to the history."""
+    prompts = []
+    for s, answers in enumerate(answer_lengths):
+        plan = LengthPlanner(condition, s, seed=seed, block_size=block_size, boundary=boundary,
+                             start_range=start_range)
+        lens: list[int] = []
+        for r, a in enumerate(answers):
+            min_len = lens[-1] + answers[r - 1] + min_user if r else shared_prefix + min_user
+            lens.append(plan(r, min_len, a))
+        prompts.append(lens)
+    return finish_schedule(condition, prompts, answer_lengths, block_size=block_size,
+                           shared_prefix=shared_prefix, pressure_round=pressure_round,
+                           max_think=max_think, seed=seed, headroom_blocks=headroom_blocks)

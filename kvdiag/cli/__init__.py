@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from kvdiag.cli import generate
+from kvdiag.cli import generate, reproduce
 
 app = typer.Typer(
     name="kvdiag",
@@ -30,6 +30,8 @@ def _root(
         raise typer.Exit(0)
 
 
+app.command("reproduce")(reproduce.reproduce)
+app.command("verify")(reproduce.verify)
 app.command("generate")(generate.generate)
 
 

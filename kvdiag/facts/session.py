@@ -1,0 +1,281 @@
+"""Fact sessions: multi-round conversations whose every request has an exact token length.
+
+Round r's request is: system (if any), every earlier round's user message and expected
+answer (teacher-forced), then round r's user message. Its user message states new facts,
+may carry a recitable line, is padded with filler to exactly prompt_lengths[r] tokens (as
+count_tokens reports, generation prompt included) and ends with a question about a fact
+stated so far or, every `recite_every` rounds, a request to recite an earlier line.
+
+Canary style places each fact at the start of a 16-token block of the final prompt when the
+round has room (so a corrupted block loses whole facts), and keeps keys 5+ tokens apart.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from kvdiag.facts.knowledge import Fact, KnowledgeBase
+from kvdiag.facts.styles import SHIMS, STYLES, Line, renderer
+
+CANARY_SUFFIX = 3  # canary template tokens after the user content: <|im_end|><|im_start|>assistant
+GAP = 2  # filler words between two stated items (keeps canary keys >= 5 tokens apart)
+
+
+@dataclass(frozen=True)
+class Round:
+    user: str
+    expected: str
+    kind: str  # "question" or "recite"
+    asked: tuple[Fact, ...]
+    stated: tuple[Fact, ...]
+    stated_offsets: tuple[int, ...] = ()  # canary: token offset of each stated fact's key in the prompt
+
+
+@dataclass(frozen=True)
+class Session:
+    session_id: str
+    style: str
+    kb: KnowledgeBase
+    rounds: tuple[Round, ...]
+    system: str | None = None
+
+    def messages(self, round_index: int, answers: Sequence[str] | None = None) -> list[dict]:
+        """Chat messages of round `round_index`'s request (0-based): system (if any), then for
+        each earlier round its user message and its assistant answer (answers[i] if given,
+        else rounds[i].expected), then this round's user message."""
+        if not 0 <= round_index < len(self.rounds):
+            raise IndexError(f"round {round_index} of a {len(self.rounds)}-round session")
+        msgs = [{"role": "system", "content": self.system}] if self.system else []
+        for i, rnd in enumerate(self.rounds[:round_index]):
+            answer = answers[i] if answers is not None and i < len(answers) else rnd.expected
+            msgs += [{"role": "user", "content": rnd.user}, {"role": "assistant", "content": answer}]
+        msgs.append({"role": "user", "content": self.rounds[round_index].user})
+        return msgs
+
+
+@dataclass
+class _State:
+    rng: random.Random
+    unstated: list[Fact]
+    stated_round: dict[Fact, int] = field(default_factory=dict)
+    asked: set[Fact] = field(default_factory=set)
+    lines: list[tuple[int, Line]] = field(default_factory=list)
+    recited: set[tuple[str, ...]] = field(default_factory=set)
+    next_marker: int = 0
+    tokens_per_word: float | None = None  # natural style, measured once
+
+
+# planner(round, shortest feasible prompt, tokens the answer will generate) -> prompt length
+Planner = Callable[[int, int, int], int]
+
+
+def build_session(kb: KnowledgeBase, *, style: str, seed: int,
+                  prompt_lengths: Sequence[int] | None = None,
+                  count_tokens: Callable[[list[dict]], int], session_id: str = "s0",
+                  recite_every: int = 4, system: str | None = None, first_round_facts: int = 8,
+                  block_size: int = 16, planner: Planner | None = None, num_rounds: int | None = None,
+                  answer_tokens: Callable[[str], int] | None = None,
+                  new_facts: Sequence[int] = (0, 0, 1, 2), ask_recent: float = 0.7,
+                  ask_new: float = 0.3) -> Session:
+    """One round per entry of prompt_lengths; see the module docstring.
+
+    Instead of fixed lengths, a `planner` may choose each round's length once the round's
+    request is known: planner(r, shortest feasible length, answer tokens) (answer tokens as
+    `answer_tokens(expected)` counts them, stop token included), for `num_rounds` rounds.
+
+    Raises ValueError naming the round when a length is infeasible (shorter than the
+    history + the shortest request, or not reachable exactly with this tokenizer)."""
+    if style not in STYLES:
+        raise ValueError(f"style must be one of {', '.join(STYLES)}, got {style!r}")
+    if planner is not None:
+        if num_rounds is None or answer_tokens is None:
+            raise ValueError("a planner needs num_rounds and answer_tokens")
+        prompt_lengths = [None] * num_rounds
+    if not prompt_lengths:
+        raise ValueError("prompt_lengths is empty: a session needs at least one round")
+    rend = renderer(style)
+    st = _State(random.Random(f"session:{style}:{session_id}:{seed}"), list(kb.facts))
+    st.rng.shuffle(st.unstated)
+    rounds: list[Round] = []
+    for r, target in enumerate(prompt_lengths):
+        partial = Session(session_id, style, kb, (*rounds, Round("", "", "question", (), ())), system)
+        empty = count_tokens(partial.messages(r))  # history + this round's empty user message
+        nxt = prompt_lengths[r + 1] if planner is None and r + 1 < len(prompt_lengths) else None
+        cap = getattr(planner, "limit", lambda _r: None)(r) if planner else None
+        chosen = _choose_request(r, rend, st, recite_every, nxt, partial, count_tokens, empty,
+                                 (cap or empty + 1_000_000) if planner else target, block_size,
+                                 ask_recent, ask_new)
+        request, expected, kind, asked, need = chosen
+        if request is None:
+            raise ValueError(f"round {r}: prompt_lengths[{r}] = {target} leaves no room for a "
+                             f"request after a history of {empty} tokens")
+        if planner is not None:
+            cost = 1 if style == "canary" else 3
+            target = planner(r, empty + need * cost + GAP, answer_tokens(expected))
+        n_new = first_round_facts if r == 0 else st.rng.choice(tuple(new_facts))
+        new = st.unstated[:n_new]
+        if kind == "question" and asked[0] not in st.stated_round:
+            new = [asked[0], *(f for f in new if f != asked[0])]
+        must = asked[0] if kind == "question" else None
+        for attempt in range(6):  # natural: fewer items per attempt until they fit
+            if style == "natural" and st.tokens_per_word is None:
+                st.tokens_per_word = _tokens_per_word(rend, count_tokens)
+            cost = 1.0 if style == "canary" else st.tokens_per_word * 1.5 ** attempt
+            words, stated, offsets, line, next_marker = _layout(
+                r, rend, st, new, request, target - empty, empty, style, block_size, must, cost)
+            rnd = Round(" ".join(words), expected, kind, asked, tuple(stated), tuple(offsets))
+            if style == "canary":
+                break
+            try:
+                rnd = _fit_natural(r, rnd, len(request), rounds, kb, session_id, system, target,
+                                   count_tokens, st)
+                break
+            except _TooLong:
+                if attempt == 5:
+                    raise ValueError(f"round {r}: its request alone takes more than "
+                                     f"prompt_lengths[{r}] = {target} tokens") from None
+        if line is not None:
+            st.lines.append((r, line))
+            st.next_marker = next_marker
+        got = count_tokens(Session(session_id, style, kb, (*rounds, rnd), system).messages(r))
+        if got != target:
+            raise ValueError(f"round {r}: reached {got} tokens, not prompt_lengths[{r}] = {target} "
+                             f"(is count_tokens the {style} model's tokenizer and chat template?)")
+        for f in stated:
+            st.stated_round[f] = r
+            st.unstated.remove(f)
+        rounds.append(rnd)
+    return Session(session_id, style, kb, tuple(rounds), system)
+
+
+def _choose_request(r, rend, st, recite_every, nxt, partial, count_tokens, empty, target,
+                    block_size, ask_recent=0.7, ask_new=0.3):
+    """(request words, expected, kind, asked, words it needs) or (None, ...) if nothing fits."""
+    room = target - empty
+    cands: list[tuple[list[str], str, str, tuple[Fact, ...]]] = []
+    if recite_every and r > 0 and (r + 1) % recite_every == 0:
+        lines = [(rr, ln) for rr, ln in st.lines if ln.span not in st.recited]
+        lines.sort(key=lambda x: -x[0] + st.rng.random() * 2)  # recent first, a little shuffled
+        cands += [(list(ln.request), " ".join(ln.span), "recite", ()) for _, ln in lines]
+    stated = [f for f in st.stated_round if f not in st.asked]
+    recent = [f for f in stated if st.stated_round[f] >= r - 2]
+    pool = recent if recent and st.rng.random() < ask_recent else stated
+    order = st.rng.sample(pool, len(pool)) + [f for f in stated if f not in pool]
+    if r == 0 or st.rng.random() < ask_new or not order:  # sometimes ask about a fact stated now
+        order = [f for f in st.unstated[:1]] + order
+    order += [f for f in st.stated_round if f in st.asked]  # repeats as a last resort
+    for f in order:
+        words, expected = rend.question(f)
+        cands.append((words, expected, "question", (f,)))
+    def need(c) -> int:  # words of the request, plus the fact if it must be stated now
+        unstated = c[2] == "question" and c[3][0] not in st.stated_round
+        return len(c[0]) + (len(rend.fact(c[3][0])) + GAP + block_size if unstated else 0)
+
+    fitting = [c for c in cands if need(c) * (1 if rend.style == "canary" else 3) <= room]
+    if nxt is not None:  # prefer a request whose answer leaves room for the next round
+        fits = (c for c in fitting if _next_fits(partial, r, c[0], c[1], target, nxt, count_tokens))
+        fitting = [next(fits, fitting[0] if fitting else None)]
+    for c in [c for c in fitting[:1] if c is not None]:
+        words, expected, kind, asked = c
+        if kind == "recite":
+            st.recited.add(tuple(expected.split()))
+        else:
+            st.asked.add(asked[0])
+        return words, expected, kind, asked, need(c)
+    return None, "", "question", (), 0
+
+
+def _next_fits(partial, r, words, expected, target, nxt, count_tokens) -> bool:
+    """Would round r+1 still fit a two-word request after this round and its answer?"""
+    def session(rounds):
+        return Session(partial.session_id, partial.style, partial.kb, rounds, partial.system)
+
+    this = Round(" ".join(words), expected, "question", (), ())
+    now = count_tokens(session((*partial.rounds[:r], this)).messages(r))
+    probe = session((*partial.rounds[:r], this, Round("x x", "", "question", (), ())))
+    return count_tokens(probe.messages(r + 1)) + (target - now) <= nxt
+
+
+def _layout(r, rend, st, new, request, room, empty, style, block_size, must_state, cost):
+    """User message words: facts (block-aligned in canary style), maybe a line, filler (canary),
+    request. Returns (words, stated facts, their key offsets, the line added or None, the
+    next free line marker)."""
+    words: list[str] = []
+    stated, offsets, added, next_marker = [], [], None, st.next_marker
+    start = empty - CANARY_SUFFIX  # canary: prompt offset of the first content word
+    budget = int(room / cost) - len(request)  # in words; canary: a word is a token
+    for f in new:
+        fw = rend.fact(f)
+        pad = GAP if words and style == "canary" else 0
+        if style == "canary":  # key at a block start when the budget allows
+            align = (-(start + len(words) + pad)) % block_size
+            if len(words) + pad + align + len(fw) + GAP <= budget:
+                pad += align
+        if len(words) + pad + len(fw) + GAP > budget:
+            if f is must_state:
+                raise ValueError(f"round {r}: no room to state the fact it asks about")
+            continue
+        words += rend.filler(st.rng, pad, words) + fw
+        offsets.append(start + len(words) - len(fw))
+        stated.append(f)
+    left = budget - len(words) - GAP
+    if left >= 10 + GAP + 2 and st.rng.random() < 0.7:
+        span = st.rng.randint(10, min(40, left - GAP - 2))
+        line, nm = rend.line(st.rng, span, st.next_marker)
+        if len(line.words) + GAP <= left:
+            words += rend.filler(st.rng, GAP if words and style == "canary" else 0, words) + list(line.words)
+            added, next_marker = line, nm
+    if style == "canary":
+        words += rend.filler(st.rng, budget - len(words), words)
+    return words + list(request), stated, offsets if style == "canary" else [], added, next_marker
+
+
+def _tokens_per_word(rend, count_tokens) -> float:
+    """Natural style: tokens a filler word costs with this tokenizer."""
+    words = rend.filler(random.Random(0), 60, [])
+    base = count_tokens([{"role": "user", "content": "x"}])
+    return max(1.0, (count_tokens([{"role": "user", "content": " ".join(words)}]) - base) / 59)
+
+
+class _TooLong(ValueError):
+    pass
+
+
+def _fit_natural(r, rnd, n_request, rounds, kb, session_id, system, target, count_tokens,
+                 st) -> Round:
+    """Natural style: add filler words before the request one by one until the count is
+    exact; on overshooting, try a short word instead of the last one."""
+    from kvdiag.facts.styles import english_sentence
+
+    words = rnd.user.split()
+    body, req = words[:-n_request], words[-n_request:]
+
+    def count(extra: list[str]) -> int:
+        probe = Round(" ".join(body + extra + req), rnd.expected, rnd.kind, rnd.asked, rnd.stated)
+        return count_tokens(Session(session_id, "natural", kb, (*rounds, probe), system).messages(r))
+
+    extra: list[str] = []
+    pool: list[str] = []
+    c = count(extra)
+    if c > target:
+        raise _TooLong(f"round {r}: {c} tokens before filler, more than {target}")
+    for _ in range(4 * target):
+        if c == target:
+            return Round(" ".join(body + extra + req), rnd.expected, rnd.kind, rnd.asked, rnd.stated)
+        if c < target:
+            pool = pool or english_sentence(st.rng)
+            extra.append(pool.pop(0))
+            c = count(extra)
+            continue
+        extra.pop()
+        for shim in SHIMS:
+            if count([*extra, shim]) <= target:
+                extra.append(shim)
+                break
+        else:
+            break
+        c = count(extra)
+    raise ValueError(f"round {r}: cannot reach exactly prompt_lengths[{r}] = {target} tokens "
+                     f"with this tokenizer")

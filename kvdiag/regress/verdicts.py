@@ -1,0 +1,83 @@
+"""Verdicts on per-round tables: the guard gate (a series is clean in every round) and the
+fault detector (the positive control). Pure functions over summary.json's `rounds`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+GUARD_LOG_LINE = "Using SequenceGuard for block allocation."
+BRAI_MAX = 0.05
+
+
+@dataclass
+class GateResult:
+    passed: bool
+    failures: list[str] = field(default_factory=list)  # "round 7: foreign_slots = 379 (want 0)"
+
+    @property
+    def failing_rounds(self) -> list[int]:
+        return sorted({int(f.split(":")[0].split()[1]) for f in self.failures if f.startswith("round ")})
+
+
+def _nan(x) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def series(rounds: Iterable[dict], case: str, name: str) -> list[dict]:
+    """The per-round rows of one allocator (or target) in one case, by round."""
+    rows = [r for r in rounds if r.get("case", case) == case
+            and (r["allocator"] == name or r["target"] == name)]
+    return sorted(rows, key=lambda r: r["round"])
+
+
+def guard_gate(rows: list[dict], reference: list[dict], brai_max: float = BRAI_MAX) -> GateResult:
+    """Every round: zero foreign and unwritten slots, zero leakage, no non-finite logits,
+    BLEU-4 = 100, fact-check pass rate equal to the reference's, and BRAI <= brai_max."""
+    if not rows:
+        return GateResult(False, ["no rounds were measured"])
+    ref = {r["round"]: r for r in reference}
+    failures = []
+    for r in rows:
+        n = r["round"]
+        checks = [
+            ("foreign_slots", r.get("foreign_slots", 0), lambda v: v == 0, "0"),
+            ("unwritten_slots", r.get("unwritten_slots", 0), lambda v: v == 0, "0"),
+            ("nonfinite_logits", r.get("nonfinite_logits", 0), lambda v: v == 0, "0"),
+            ("attention_leakage", r.get("attention_leakage"), lambda v: _nan(v) or v == 0, "0"),
+            ("bleu4", r.get("bleu4"), lambda v: not _nan(v) and v >= 100 - 1e-9, "100"),
+        ]
+        want = ref.get(n, {}).get("fact_check_pass_rate")
+        if not _nan(want):
+            checks.append(("fact_check_pass_rate", r.get("fact_check_pass_rate"),
+                           lambda v, w=want: not _nan(v) and abs(v - w) < 1e-9, f"{want:g} (reference)"))
+        brai = r.get("brai")
+        if not _nan(brai):
+            checks.append(("brai", brai, lambda v: v <= brai_max + 1e-12, f"<= {brai_max}"))
+        for name, value, ok, expect in checks:
+            if not ok(value):
+                shown = f"{value:.4g}" if isinstance(value, float) else value
+                failures.append(f"round {n}: {name} = {shown} (want {expect})")
+    return GateResult(not failures, failures)
+
+
+def fault_findings(rows: list[dict], reference: list[dict]) -> list[str]:
+    """What marks a series as corrupted (the positive control): any foreign or unwritten
+    slot, leakage, non-finite logits, BLEU-4 below 100, or fact-checks below the reference."""
+    ref = {r["round"]: r for r in reference}
+    found = []
+    for r in rows:
+        n = r["round"]
+        for key in ("foreign_slots", "unwritten_slots", "nonfinite_logits"):
+            if r.get(key, 0):
+                found.append(f"round {n}: {key} = {r[key]}")
+        if not _nan(r.get("attention_leakage")) and r["attention_leakage"] > 0:
+            found.append(f"round {n}: attention_leakage = {r['attention_leakage']:.4g}")
+        if not _nan(r.get("bleu4")) and r["bleu4"] < 100 - 1e-9:
+            found.append(f"round {n}: bleu4 = {r['bleu4']:.4g}")
+        want = ref.get(n, {}).get("fact_check_pass_rate")
+        got = r.get("fact_check_pass_rate")
+        if not _nan(want) and not _nan(got) and got < want - 1e-9:
+            found.append(f"round {n}: fact_check_pass_rate = {got:.4g} (reference {want:.4g})")
+    return found

@@ -1,0 +1,79 @@
+"""From a suite case to concrete sessions: knowledge bases, fact sessions whose every
+request has the length the case's schedule asks for, and their prompt token ids.
+
+Histories are teacher-forced with the expected answers (a client replaying a transcript),
+so every target and allocator sees exactly the same prompts, and the trigger's lengths
+(4095 -> 4112, ...) hold exactly under the model's own tokenizer and chat template.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from kvdiag.facts import Session, build_session, make_knowledge_base
+from kvdiag.facts.styles import renderer
+from kvdiag.scenarios import LengthPlanner, Schedule, finish_schedule
+from kvdiag.suites import Case, Suite
+
+
+@dataclass
+class CasePlan:
+    suite: Suite
+    case: Case
+    sessions: list[Session]
+    prompts: list[list[list[int]]]  # [session][round] -> prompt token ids
+    schedule: Schedule
+
+    @property
+    def seed(self) -> int:
+        return self.case.seed if self.case.seed is not None else self.suite.seed
+
+
+def system_prompt(style: str, tokenizer, tokens: int, seed: int) -> str | None:
+    """A shared system prompt of about `tokens` tokens (every session starts with it)."""
+    if tokens <= 0:
+        return None
+    rend, rng = renderer(style), random.Random(f"system:{seed}")
+    words = rend.filler(rng, tokens, [])
+    while len(tokenizer.encode_chat([{"role": "system", "content": " ".join(words)}], False)) > tokens:
+        words.pop()
+    return " ".join(words)
+
+
+def plan_case(suite: Suite, case: Case, tokenizer) -> CasePlan:
+    seed = case.seed if case.seed is not None else suite.seed
+    system = system_prompt(suite.style, tokenizer, case.shared_prefix, seed)
+
+    def count_tokens(messages: list[dict]) -> int:
+        return len(tokenizer.encode_chat(messages))
+
+    def answer_tokens(expected: str) -> int:  # generated tokens, stop token included
+        return len(tokenizer.encode(" " + expected, add_special_tokens=False)) + 1
+
+    sessions, prompts = [], []
+    for s in range(case.sessions):
+        flavour = suite.flavours[s % len(suite.flavours)]
+        kb = make_knowledge_base(flavour, suite.facts_per_session, seed * 1000 + s)
+        planner = LengthPlanner(case.condition, s, seed=seed, block_size=suite.block_size,
+                                boundary=case.boundary, start_range=case.start_range)
+        try:
+            session = build_session(kb, style=suite.style, seed=seed, planner=planner,
+                                    num_rounds=case.rounds, answer_tokens=answer_tokens,
+                                    count_tokens=count_tokens, session_id=f"s{s:02d}",
+                                    recite_every=case.recite_every, system=system,
+                                    block_size=suite.block_size, new_facts=case.new_facts,
+                                    ask_recent=case.ask_recent, ask_new=case.ask_new)
+        except ValueError as e:
+            raise ValueError(f"{suite.path}: case {case.name}: session {s}: {e}") from None
+        sessions.append(session)
+        prompts.append([tokenizer.encode_chat(session.messages(r)) for r in range(case.rounds)])
+    first = [p[0] for p in prompts]
+    shared = 0
+    while all(len(p) > shared and p[shared] == first[0][shared] for p in first):
+        shared += 1
+    answers = [[answer_tokens(r.expected) for r in ses.rounds] for ses in sessions]
+    schedule = finish_schedule(case.condition, [[len(p) for p in ps] for ps in prompts], answers,
+                               block_size=suite.block_size, shared_prefix=shared,
+                               pressure_round=case.pressure_round, max_think=case.max_think, seed=seed)
+    return CasePlan(suite, case, sessions, prompts, schedule)

@@ -1,0 +1,68 @@
+"""The per-round record every runner yields, whatever it measured (reference engine, live
+endpoint, vLLM replay), so metrics, reports and verdicts never know the difference."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from kvdiag.facts import Fact, Round
+
+
+@dataclass
+class Record:
+    case: str
+    target: str  # "reference" for the in-process engine, a URL for a live endpoint
+    allocator: str  # "contiguous" for the ground-truth rows
+    session: str
+    round: int  # 1-based
+    kind: str  # "question" | "recite"
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    blocks_needed: int = 0
+    blocks_hit: int = 0
+    attention_leakage: float = math.nan
+    attention_leakage_max: float = math.nan
+    foreign_slots: int = 0
+    unwritten_slots: int = 0
+    guard_rejections: int = 0
+    nonfinite_logits: int = 0
+    preemptions: int = 0
+    output_text: str = ""
+    reference_text: str = ""
+    expected_text: str = ""
+    output_token_ids: list[int] = field(default_factory=list)
+    reference_token_ids: list[int] = field(default_factory=list)
+    first_divergence: int | None = None
+    fact_check_pass: float = math.nan
+    fact_check_reason: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def canary_view(fact: Fact) -> Fact:
+    """The canary answers a fact with its value tokens: check against those."""
+    return Fact(fact.entity, fact.relation, " ".join(fact.value_tokens), fact.key_token,
+                fact.value_tokens)
+
+
+class Checker:
+    """Fact-checks answers per session knowledge base (one spaCy pipeline per KB)."""
+
+    def __init__(self, style: str, spacy_model: str | None = None) -> None:
+        self.style, self.spacy_model = style, spacy_model
+        self._by_kb: dict[int, object] = {}
+
+    def check(self, kb, rnd: Round, answer: str) -> tuple[float, str]:
+        if rnd.kind != "question":
+            return math.nan, ""
+        from kvdiag.metrics.factcheck import FactChecker
+
+        view = canary_view if self.style == "canary" else (lambda f: f)
+        checker = self._by_kb.get(id(kb))
+        if checker is None:
+            checker = self._by_kb[id(kb)] = FactChecker([view(f) for f in kb.facts], self.style,
+                                                        self.spacy_model)
+        result = checker.check(answer, [view(f) for f in rnd.asked])
+        return (1.0 if result.passed else 0.0), result.reason

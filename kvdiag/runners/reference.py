@@ -1,0 +1,119 @@
+"""The in-process runner: a case's sessions through the contiguous reference (ground truth)
+and through the paged engine under each allocator, one record per (allocator, session,
+round)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kvdiag.metrics.decay import first_divergence
+from kvdiag.runners.plan import CasePlan
+from kvdiag.runners.records import Checker, Record
+
+CONTIGUOUS = "contiguous"
+
+
+@dataclass
+class CaseResult:
+    plan: CasePlan
+    records: list[Record] = field(default_factory=list)
+    engine_log: dict[str, list[str]] = field(default_factory=dict)  # allocator -> lines
+    seconds: dict[str, float] = field(default_factory=dict)  # per allocator (and contiguous)
+
+
+class _LogCapture(logging.Handler):
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__(logging.INFO)
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def _engine_config(plan: CasePlan, allocator: str, device: str, dtype: str | None):
+    from reference_engine.config import EngineConfig
+
+    s, case = plan.schedule, plan.case
+    longest = max(max(p) for p in s.prompt_lengths) + case.max_tokens
+    return EngineConfig(
+        block_size=s.block_size, num_blocks=s.num_blocks, max_num_seqs=plan.suite.max_num_seqs,
+        max_model_len=longest, enable_prefix_caching=s.enable_prefix_caching, allocator=allocator,
+        device=device, dtype=dtype, capture_attention=case.capture_attention,
+        recycled_block_fill=case.recycled_block_fill)
+
+
+def run_case(plan: CasePlan, checkpoint, allocators: list[str], *, device: str = "cpu",
+             dtype: str | None = None, spacy_model: str | None = None,
+             progress: Callable[[int], None] | None = None) -> CaseResult:
+    """Run the contiguous reference, then each allocator, on the plan's prompts."""
+    from reference_engine.config import EngineConfig
+    from reference_engine.engine import LLMEngine
+    from reference_engine.reference import ContiguousEngine
+    from reference_engine.sessions import run_sessions
+
+    result = CaseResult(plan)
+    sessions, prompts, case = plan.sessions, plan.prompts, plan.case
+    tok = checkpoint.tokenizer
+    checker = Checker(plan.suite.style, spacy_model)
+    keys = list(range(len(sessions)))
+
+    def next_prompt(s, r, _turns):
+        return prompts[s][r] if r < case.rounds else None
+
+    def tick(_seq):
+        if progress:
+            progress(1)
+
+    capture = _LogCapture([])
+    logger = logging.getLogger("reference_engine")
+    logger.addHandler(capture)
+    logger.setLevel(logging.INFO)
+    try:
+        t0 = time.perf_counter()
+        ref_engine = ContiguousEngine(checkpoint, EngineConfig(device=device, dtype=dtype,
+                                                               max_num_seqs=plan.suite.max_num_seqs))
+        reference = run_sessions(ref_engine, keys, next_prompt, max_tokens=case.max_tokens, on_finish=tick)
+        del ref_engine
+        result.seconds[CONTIGUOUS] = time.perf_counter() - t0
+        result.records += _records(plan, CONTIGUOUS, reference, reference, tok, checker)
+        for name in allocators:
+            t0 = time.perf_counter()
+            capture.lines = result.engine_log.setdefault(name, [])
+            engine = LLMEngine(checkpoint, _engine_config(plan, name, device, dtype))
+            turns = run_sessions(engine, keys, next_prompt, max_tokens=case.max_tokens,
+                                 think_steps=plan.schedule.think, on_finish=tick)
+            result.seconds[name] = time.perf_counter() - t0
+            result.records += _records(plan, name, turns, reference, tok, checker)
+            del engine
+    finally:
+        logger.removeHandler(capture)
+    return result
+
+
+def _records(plan: CasePlan, allocator: str, turns, reference, tok, checker: Checker) -> list[Record]:
+    out = []
+    for s, session in enumerate(plan.sessions):
+        for r, rnd in enumerate(session.rounds):
+            seq, ref = turns[s][r], reference[s][r]
+            st = seq.stats
+            text = tok.decode(seq.output_ids).strip()
+            passed, reason = checker.check(session.kb, rnd, text)
+            out.append(Record(
+                case=plan.case.name, target="reference", allocator=allocator,
+                session=session.session_id, round=r + 1, kind=rnd.kind,
+                prompt_tokens=st.prompt_tokens, cached_tokens=st.cached_tokens,
+                blocks_needed=st.blocks_needed, blocks_hit=st.blocks_hit,
+                attention_leakage=(st.attention_leakage if st.leakage_tokens else math.nan),
+                attention_leakage_max=(st.leakage_max if st.leakage_tokens else math.nan),
+                foreign_slots=st.foreign_slots, unwritten_slots=st.unwritten_slots,
+                guard_rejections=st.guard_rejections, nonfinite_logits=st.nonfinite_logits,
+                preemptions=st.preemptions, output_text=text,
+                reference_text=tok.decode(ref.output_ids).strip(), expected_text=rnd.expected,
+                output_token_ids=list(seq.output_ids), reference_token_ids=list(ref.output_ids),
+                first_divergence=first_divergence(seq.output_ids, ref.output_ids),
+                fact_check_pass=passed, fact_check_reason=reason))
+    return out

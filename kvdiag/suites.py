@@ -1,0 +1,201 @@
+"""Suites: YAML files -> validated, frozen dataclasses. Every error names the file and the key.
+
+A suite holds settings shared by its cases and a list of cases; a case may override any
+shared setting. `kvdiag reproduce` runs the cases marked `default: true` unless told
+otherwise (`--cases NAME,...` or `--cases all`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from kvdiag.errors import SuiteError
+from kvdiag.paths import SUITES
+from kvdiag.scenarios import CONDITIONS
+
+STYLES = ("canary", "natural")
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    condition: str = "trigger"  # one of kvdiag.scenarios.CONDITIONS
+    sessions: int = 16
+    rounds: int = 12
+    shared_prefix: int = 3072  # tokens of the system prompt every session shares
+    boundary: int = 4096  # the block boundary histories jump across (4095 -> 4112)
+    start_range: tuple[int, int] = (3780, 4040)  # first prompt length of non-jumping sessions
+    pressure_round: int = 3  # the pool holds the histories as they stand after this round
+    max_think: int = 40  # engine steps a user may wait between turns
+    recite_every: int = 4  # every Nth round asks for a recitation (0: never)
+    new_facts: tuple[int, ...] = (0, 0, 1, 2)  # facts a later round states, drawn from these
+    ask_recent: float = 0.7  # a question targets the last two rounds' facts this often
+    ask_new: float = 0.3  # ... and a fact stated in the same round this often
+    max_tokens: int = 48
+    allocators: tuple[str, ...] = ()  # empty: the suite's allocators
+    default: bool = True  # run by `kvdiag reproduce` without --cases
+    ablation: bool = False  # a control: every allocator must stay flat
+    recycled_block_fill: float | None = None  # nan models vLLM #35138's other tenant
+    capture_attention: bool = True
+    seed: int | None = None  # None: the suite's seed
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    path: Path
+    description: str = ""
+    style: str = "canary"
+    model: str | None = None  # a model directory; None: the bundled canary
+    seed: int = 0
+    block_size: int = 16
+    max_num_seqs: int = 16
+    allocators: tuple[str, ...] = ("buggy", "guarded")
+    flavours: tuple[str, ...] = ("financial", "legal", "clinical")
+    facts_per_session: int = 48
+    cases: tuple[Case, ...] = ()
+
+    def case(self, name: str) -> Case:
+        for c in self.cases:
+            if c.name == name:
+                return c
+        raise SuiteError(f"{self.path}: no case named {name!r} (cases: {', '.join(c.name for c in self.cases)})")
+
+    def select(self, spec: str | None) -> list[Case]:
+        """None: the default cases; 'all'; 'ablations'; or a comma-separated list of names."""
+        if spec is None:
+            return [c for c in self.cases if c.default]
+        if spec == "all":
+            return list(self.cases)
+        if spec == "ablations":
+            return [c for c in self.cases if c.ablation]
+        return [self.case(n.strip()) for n in spec.split(",") if n.strip()]
+
+
+def _check(value, typ, where: str):
+    """Coerce/validate one YAML value against a dataclass field type."""
+    origin = typing.get_origin(typ)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(typ)
+        if value is None and type(None) in args:
+            return None
+        return _check(value, next(a for a in args if a is not type(None)), where)
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise SuiteError(f"{where}: expected a list, got {type(value).__name__}")
+        args = typing.get_args(typ)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_check(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise SuiteError(f"{where}: expected {len(args)} items, got {len(value)}")
+        return tuple(_check(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+    if typ is float:
+        if isinstance(value, str) and value.lower() == "nan":
+            return math.nan
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise SuiteError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if typ is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise SuiteError(f"{where}: expected an integer, got {value!r}")
+    if typ is bool and not isinstance(value, bool):
+        raise SuiteError(f"{where}: expected true or false, got {value!r}")
+    if typ is str and not isinstance(value, str):
+        raise SuiteError(f"{where}: expected a string, got {value!r}")
+    return value
+
+
+def _build(cls, data: dict, where: str, skip: tuple[str, ...] = ()):
+    if not isinstance(data, dict):
+        raise SuiteError(f"{where}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in fields(cls)} - set(skip)
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise SuiteError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(sorted(names))})")
+    return {k: _check(v, hints[k], f"{where}.{k}") for k, v in data.items()}
+
+
+def load_suite(path: str | Path) -> Suite:
+    import yaml
+
+    path = resolve_suite_path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark else ""
+        raise SuiteError(f"{path}: not valid YAML{at}") from None
+    if not isinstance(data, dict):
+        raise SuiteError(f"{path}: the top level must be a mapping")
+    raw_cases = data.pop("cases", None)
+    defaults = data.pop("defaults", {}) or {}
+    if not isinstance(raw_cases, list) or not raw_cases:
+        raise SuiteError(f"{path}: cases: a non-empty list of cases is required")
+    top = _build(Suite, data, str(path), skip=("path", "cases"))
+    if "name" not in top:
+        raise SuiteError(f"{path}: name: required")
+    shared = _build(Case, defaults, f"{path}: defaults", skip=("name",))
+    cases = []
+    for i, raw in enumerate(raw_cases):
+        where = f"{path}: cases[{i}]"
+        if not isinstance(raw, dict) or "name" not in raw:
+            raise SuiteError(f"{where}.name: required")
+        case = Case(**(shared | _build(Case, raw, where)))
+        _validate_case(case, where)
+        cases.append(case)
+    if len({c.name for c in cases}) != len(cases):
+        raise SuiteError(f"{path}: cases: two cases share a name")
+    suite = Suite(path=path, cases=tuple(cases), **top)
+    if suite.style not in STYLES:
+        raise SuiteError(f"{path}: style: must be one of {', '.join(STYLES)}, got {suite.style!r}")
+    _validate_allocators(suite)
+    return suite
+
+
+def _validate_case(case: Case, where: str) -> None:
+    if case.condition not in CONDITIONS:
+        raise SuiteError(f"{where}.condition: {case.condition!r} is not one of {', '.join(CONDITIONS)}")
+    for key in ("sessions", "rounds", "max_tokens"):
+        if getattr(case, key) < 1:
+            raise SuiteError(f"{where}.{key}: must be at least 1")
+    if not 0 <= case.pressure_round < case.rounds:
+        raise SuiteError(f"{where}.pressure_round: must be in 0..rounds-1")
+    if case.start_range[0] > case.start_range[1]:
+        raise SuiteError(f"{where}.start_range: the first value exceeds the second")
+
+
+def _validate_allocators(suite: Suite) -> None:
+    from reference_engine import allocators
+    from reference_engine.errors import UnknownAllocatorError
+
+    for i, case in enumerate(suite.cases):
+        for name in case.allocators or suite.allocators:
+            try:
+                allocators.canonical_name(name)
+            except UnknownAllocatorError as e:
+                key = f"cases[{i}].allocators" if case.allocators else "allocators"
+                raise SuiteError(f"{suite.path}: {key}: {e}") from None
+
+
+def resolve_suite_path(path: str | Path) -> Path:
+    """A file path, or the name of a bundled suite ("reproduce", "smoke", "weekly")."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    bundled = SUITES / f"{path}.yaml"
+    if bundled.is_file():
+        return bundled
+    raise SuiteError(f"{path}: no such suite file (bundled suites: "
+                     f"{', '.join(sorted(q.stem for q in SUITES.glob('*.yaml')))})")
+
+
+def with_overrides(case: Case, **kw) -> Case:
+    return dataclasses.replace(case, **{k: v for k, v in kw.items() if v is not None})
+
+
+__all__ = ["Case", "Suite", "load_suite", "resolve_suite_path", "with_overrides", "field"]
