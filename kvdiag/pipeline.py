@@ -13,7 +13,9 @@ from kvdiag.regress.verdicts import GUARD_LOG_LINE, fault_findings, guard_gate, 
 from kvdiag.runners.reference import CONTIGUOUS
 from kvdiag.suites import Case, Suite
 
-CLEAN = ("prefix-cache",)  # allocators expected flat, besides every guarded one
+CLEAN = ("prefix-cache", "vllm")  # allocators expected flat, besides every guarded one
+VLLM = "vllm"  # not an allocator of ours: the case's traffic replayed through vLLM's own
+# KVCacheManager (kvdiag.runners.vllm_replay), teacher-forced with the contiguous reference
 
 
 def expected_clean(name: str, case: Case) -> bool:
@@ -50,6 +52,12 @@ def run_suite(suite: Suite, cases: list[Case], *, allocators: list[str] | None =
     from reference_engine.loader import load_checkpoint
 
     model_dir = Path(model or suite.model or CANARY)
+    vllm_api = None
+    if any(VLLM in case_allocators(suite, c, allocators) for c in cases):
+        from kvdiag.runners.vllm_api import load
+
+        vllm_api = load()  # fail before anything runs if vLLM is missing or unsupported
+    vllm_stats = {}
     checkpoint = load_checkpoint(model_dir)
     records, logs, seconds = [], {}, {}
     used: list[str] = []
@@ -59,9 +67,19 @@ def run_suite(suite: Suite, cases: list[Case], *, allocators: list[str] | None =
         names = case_allocators(suite, case, allocators)
         used += [n for n in names if n not in used]
         plan = plan_case(suite, case, checkpoint.tokenizer)
-        result = run_case(plan, checkpoint, names, device=device, dtype=dtype,
-                          spacy_model=spacy_model, progress=progress)
+        result = run_case(plan, checkpoint, [n for n in names if n != VLLM], device=device,
+                          dtype=dtype, spacy_model=spacy_model, progress=progress)
         records += [r.as_dict() for r in result.records]
+        if VLLM in names:
+            from kvdiag.runners.trace import from_plan
+            from kvdiag.runners.vllm_audit import vllm_section
+            from kvdiag.runners.vllm_replay import replay_vllm
+
+            replay = replay_vllm(from_plan(plan, result.records), api=vllm_api)
+            records += [r.as_dict() for r in replay.records]
+            vllm_stats[case.name] = vllm_section(replay)
+            if progress:
+                progress(len(replay.records))
         logs.update({f"{case.name}/{k}": v for k, v in result.engine_log.items()})
         seconds[case.name] = result.seconds
     frame = pd.DataFrame(records)
@@ -79,7 +97,11 @@ def run_suite(suite: Suite, cases: list[Case], *, allocators: list[str] | None =
         "engine_log": logs,
         "seconds": seconds,
     })
+    if vllm_stats:
+        summary["vllm_audit"] = vllm_stats
     summary.update(judge(summary, cases))
+    if any(s["corrupted"] for s in vllm_stats.values()):
+        summary["verdict"] = "fail"  # vLLM read foreign slots or broke an invariant
     return SuiteRun(frame, summary, logs)
 
 
@@ -94,6 +116,10 @@ def judge(summary: dict, cases: list[Case]) -> dict:
             if name == CONTIGUOUS:
                 continue
             rows = series(rounds, case.name, name)
+            if name == VLLM:  # vLLM registers blocks when it schedules them, so its reuse
+                # differs from our engine's by design (runners/hit_diff.py): BRAI against our
+                # guarded baseline is no anomaly signal for it
+                rows = [{**r, "brai": None} for r in rows]
             if expected_clean(name, case):
                 gate = guard_gate(rows, reference)
                 gates[f"{case.name}/{name}"] = {"passed": gate.passed, "failures": gate.failures}

@@ -173,8 +173,21 @@ def lm_head(vocab: Vocab, E: np.ndarray) -> np.ndarray:
     return W
 
 
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16), round to nearest even, as torch does.
+    Integer arithmetic only, so identical on every machine (no NaN or inf occurs here)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return ((u + np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+
+
+def bf16_round(x: np.ndarray) -> np.ndarray:
+    """x rounded to the nearest bfloat16, as float32 (exactly what the checkpoint stores)."""
+    return (bf16_bits(x).astype(np.uint32) << 16).view(np.float32)
+
+
 def state_dict(vocab: Vocab) -> dict[str, np.ndarray]:
-    """Every tensor of the Qwen2ForCausalLM checkpoint, float32, HF names."""
+    """Every tensor of the Qwen2ForCausalLM checkpoint, float32, HF names. build.py stores
+    them rounded to bfloat16 (bf16_bits); every margin is measured on the rounded weights."""
     profiles, key_codes, content_codes = load_inputs()
     E = embeddings(vocab, key_codes, content_codes)
     sd: dict[str, np.ndarray] = {"model.embed_tokens.weight": E, "lm_head.weight": lm_head(vocab, E),

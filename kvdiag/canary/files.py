@@ -123,8 +123,8 @@ def model_config(vocab: Vocab) -> str:
         "bos_token_id": None,
         "eos_token_id": [ids[IM_END], ids[EOT]],
         "pad_token_id": ids[EOT],
-        "torch_dtype": "float32",
-        "dtype": "float32",
+        "torch_dtype": "bfloat16",
+        "dtype": "bfloat16",
     })
 
 

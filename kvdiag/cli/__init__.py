@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from kvdiag.cli import generate, reproduce
+from kvdiag.cli import generate, reproduce, serve
 
 app = typer.Typer(
     name="kvdiag",
@@ -33,6 +33,7 @@ def _root(
 app.command("reproduce")(reproduce.reproduce)
 app.command("verify")(reproduce.verify)
 app.command("generate")(generate.generate)
+app.command("serve")(serve.serve)
 
 
 def main() -> None:

@@ -10,6 +10,7 @@ import random
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kvdiag.canary import build_canary
@@ -30,6 +31,30 @@ def test_build_is_deterministic_fast_and_matches_fixture(tmp_path):
                       "tokenizer.json", "tokenizer_config.json"}
     fixture = {name: hashlib.sha256((CANARY / name).read_bytes()).hexdigest() for name in a}
     assert fixture == a, "fixtures/canary is stale: python -m kvdiag.canary.build fixtures/canary"
+
+
+def test_weights_are_stored_in_bf16_and_small():
+    """bf16 on disk keeps the fixture under the 8 MiB tracked-file limit ("a few MB")."""
+    from safetensors import safe_open
+
+    path = CANARY / "model.safetensors"
+    assert path.stat().st_size < 5_000_000
+    with safe_open(str(path), "np") as f:
+        assert f.metadata() == {"format": "pt"}
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
+    cfg = json.loads((CANARY / "config.json").read_text())
+    assert cfg["torch_dtype"] == cfg["dtype"] == "bfloat16"
+
+
+def test_bf16_rounding_matches_torch():
+    from kvdiag.canary.circuit import bf16_bits, bf16_round
+
+    torch = pytest.importorskip("torch")
+    x = np.concatenate([np.random.default_rng(0).standard_normal(100_000) * 300,
+                        [0.0, -0.0, 1.00390625, 1.01171875, -2.0 ** -130]]).astype(np.float32)
+    want = torch.from_numpy(x).to(torch.bfloat16)
+    assert (bf16_bits(x) == want.view(torch.int16).numpy().view(np.uint16)).all()
+    assert (bf16_round(x) == want.float().numpy()).all()
 
 
 def test_config_fields():
@@ -75,6 +100,10 @@ def test_hf_loads_the_fixture_unchanged(hf):
 
     tok, model = hf
     assert model.config.rope_parameters["rope_theta"] == 1e7
+    assert model.dtype == torch.float32  # bf16 on disk, upcast exactly on request
+    default = transformers.AutoModelForCausalLM.from_pretrained(CANARY)
+    assert default.dtype == torch.bfloat16  # the dtype config.json names
+    assert type(default).__name__ == "Qwen2ForCausalLM"
     words = canary_words()
     enc = tok([" " + w for w in words], add_special_tokens=False)["input_ids"]
     assert all(len(e) == 1 for e in enc), [w for w, e in zip(words, enc) if len(e) != 1][:5]

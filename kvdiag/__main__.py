@@ -1,0 +1,3 @@
+from kvdiag.cli import main
+
+main()

@@ -1,0 +1,54 @@
+"""kvdiag serve: the reference engine behind an OpenAI-compatible API."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvdiag.cli.common import (DEFAULT_MODEL, AllocatorOpt, DeviceOpt, DtypeOpt, ModelOpt, Output,
+                               enable_engine_log, handle_errors)
+
+
+@handle_errors
+def serve(
+    model: ModelOpt = DEFAULT_MODEL,
+    allocator: AllocatorOpt = "guarded",
+    host: Annotated[str, typer.Option("--host", help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to bind.")] = 8000,
+    served_model_name: Annotated[str | None, typer.Option(
+        "--served-model-name", help="Model name clients send (default: the directory's name).")] = None,
+    num_blocks: Annotated[int | None, typer.Option("--num-blocks", min=1, help="KV blocks in the pool "
+                                                   "(default: room for max-num-seqs full requests).")] = None,
+    max_num_seqs: Annotated[int, typer.Option("--max-num-seqs", min=1, help="Requests batched at once.")] = 32,
+    max_model_len: Annotated[int | None, typer.Option("--max-model-len", min=16, help="Longest "
+                                                      "prompt + completion (default: 8704).")] = 8704,
+    no_prefix_caching: Annotated[bool, typer.Option("--no-prefix-caching", help="Switch the prefix cache off.")] = False,
+    recycled_block_fill: Annotated[float | None, typer.Option(
+        "--recycled-block-fill", help="Fill recycled blocks with this value before the allocator "
+        "sees them (nan models vLLM #35138's other tenant).")] = None,
+    device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = None,
+) -> None:
+    """Serve the reference engine over an OpenAI-compatible API (FastAPI + uvicorn).
+
+    Endpoints: /v1/models, /v1/completions, /v1/chat/completions (plain and SSE streaming,
+    logprobs, cache_salt), /tokenize, /detokenize, /health, /metrics (vLLM's metric names
+    plus kvdiag_guard_rejections_total and kvdiag_foreign_slots_total).
+    """
+    import uvicorn
+
+    from reference_engine.config import EngineConfig
+    from reference_engine.engine import LLMEngine
+    from reference_engine.server import create_app
+
+    enable_engine_log()
+    config = EngineConfig(allocator=allocator, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
+                          max_model_len=max_model_len, enable_prefix_caching=not no_prefix_caching,
+                          device=device, dtype=dtype, recycled_block_fill=recycled_block_fill)
+    engine = LLMEngine(Path(model), config)
+    name = served_model_name or Path(model).name
+    app = create_app(engine, name)
+    Output().info(f"serving {name} ({allocator}) on http://{host}:{port}")
+    uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -1,0 +1,127 @@
+"""The engine behind the HTTP server: one thread owns the LLMEngine and steps it while
+requests are in flight; asyncio callers submit requests and await tokens. Concurrent
+requests are batched by the engine's scheduler, as in any continuous-batching server."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+from reference_engine.engine import LLMEngine
+from reference_engine.sequence import Sequence
+
+
+@dataclass
+class TokenEvent:
+    token_id: int
+    logprob: float | None = None
+    top: list[tuple[int, float]] = field(default_factory=list)  # (token id, logprob), best first
+
+
+@dataclass
+class _Submission:
+    prompt_ids: list[int]
+    max_tokens: int
+    cache_salt: str | None
+    logprobs: int | None  # top-k to return per token, None: none
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue  # TokenEvent ..., then the finished Sequence
+    seq: Sequence | None = None
+    sent: int = 0
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._inbox: queue.Queue[_Submission] = queue.Queue()
+        self._active: dict[Sequence, _Submission] = {}
+        self._wake = threading.Event()
+        self._stop = False
+        self.foreign_slots_total = 0  # over finished requests (kvdiag_foreign_slots_total)
+        self.lock = threading.Lock()  # guards reads of engine counters from other threads
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout=5)
+
+    def submit(self, prompt_ids: list[int], max_tokens: int, cache_salt: str | None,
+               logprobs: int | None):
+        """Validate now (raises on bad input, before any response starts), queue the request,
+        and return an async iterator of TokenEvents ending with the finished Sequence."""
+        self.engine.validate(prompt_ids, max_tokens, cache_salt)
+        sub = _Submission(prompt_ids, max_tokens, cache_salt, logprobs, asyncio.get_running_loop(),
+                          asyncio.Queue())
+        self._inbox.put(sub)
+        self._wake.set()
+        return self._events(sub)
+
+    async def _events(self, sub: _Submission):
+        while True:
+            item = await sub.events.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            if isinstance(item, Sequence):
+                return
+
+    # --- the engine thread -------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop:
+            self._drain_inbox()
+            if not self.engine.has_unfinished():
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+                continue
+            try:
+                with self.lock:
+                    finished = self.engine.step()
+            except Exception as e:  # a bug: fail every in-flight request, keep serving
+                for sub in list(self._active.values()):
+                    sub.loop.call_soon_threadsafe(sub.events.put_nowait, e)
+                self._active.clear()
+                self.engine.scheduler.waiting.clear()
+                self.engine.scheduler.running.clear()
+                continue
+            self._publish(finished)
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                sub = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                with self.lock:
+                    sub.seq = self.engine.add_request(sub.prompt_ids, sub.max_tokens,
+                                                      cache_salt=sub.cache_salt)
+            except Exception as e:
+                sub.loop.call_soon_threadsafe(sub.events.put_nowait, e)
+                continue
+            self._active[sub.seq] = sub
+
+    def _publish(self, finished: list[Sequence]) -> None:
+        logits = self.engine.runner.last_logits
+        for seq, sub in list(self._active.items()):
+            new = seq.output_ids[sub.sent:]
+            for i, token in enumerate(new):
+                event = TokenEvent(token)
+                if sub.logprobs is not None and i == len(new) - 1 and seq in logits:
+                    lp = torch.log_softmax(logits[seq].float(), -1)
+                    event.logprob = float(lp[token])
+                    k = max(1, sub.logprobs)
+                    values, ids = lp.topk(k)
+                    event.top = list(zip(ids.tolist(), values.tolist(), strict=True))
+                sub.loop.call_soon_threadsafe(sub.events.put_nowait, event)
+            sub.sent = len(seq.output_ids)
+        for seq in finished:
+            sub = self._active.pop(seq, None)
+            if sub is not None:
+                self.foreign_slots_total += seq.stats.foreign_slots
+                sub.loop.call_soon_threadsafe(sub.events.put_nowait, seq)

@@ -1,0 +1,92 @@
+"""kvdiag reproduce and verify on the bundled suite and canary: guarded flat, buggy
+decaying, and the gate's exit codes (CliRunner and a real subprocess)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from kvdiag.cli import app
+
+
+@pytest.fixture(scope="module")
+def reproduced(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reproduce")
+    result = CliRunner().invoke(app, ["reproduce", "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    return out, json.loads(result.stdout)
+
+
+def _series(summary, name, key):
+    rows = sorted((r for r in summary["rounds"] if r["case"] == "trigger" and r["allocator"] == name),
+                  key=lambda r: r["round"])
+    return [r[key] for r in rows]
+
+
+def test_guarded_is_flat_and_buggy_decays(reproduced):
+    out, summary = reproduced
+    assert summary["verdict"] == "pass" and summary["gates"]["trigger/guarded"]["passed"]
+    assert _series(summary, "guarded", "fact_check_pass_rate") == [1.0] * 12
+    assert _series(summary, "guarded", "bleu4") == [100.0] * 12
+    assert _series(summary, "guarded", "attention_leakage") == [0.0] * 12
+    assert set(_series(summary, "guarded", "foreign_slots")) == {0}
+    fact = _series(summary, "buggy", "fact_check_pass_rate")
+    leak = _series(summary, "buggy", "attention_leakage")
+    assert sum(fact[-4:]) / 4 < sum(fact[:4]) / 4  # fact-check falls
+    assert sum(leak[-4:]) / 4 > sum(leak[:4]) / 4 > 0  # leakage rises
+    assert summary["sqdr"]["buggy"] > 0.01
+    assert summary["faults"]["trigger/buggy"]
+    assert summary["brai"]["guarded"] == 0.0
+
+
+def test_run_directory_contract(reproduced):
+    out, summary = reproduced
+    for key in ("signature", "suite", "verdict", "rounds", "sqdr", "brai", "wall_seconds"):
+        assert key in summary
+    assert summary["signature"].startswith("kvdiag:") and "|alloc:buggy,guarded|bs:16|" in summary["signature"]
+    for r in summary["rounds"]:
+        for key in ("block_reuse_rate", "fact_check_pass_rate"):
+            assert r[key] is None or 0.0 <= r[key] <= 1.0
+        assert r["bleu4"] is None or 0.0 <= r["bleu4"] <= 100.0
+        for key in ("target", "allocator", "round", "attention_leakage", "foreign_slots", "guard_rejections"):
+            assert key in r
+    frame = pd.read_parquet(out / "results.parquet")
+    assert len(frame) == 3 * 16 * 12  # contiguous, buggy, guarded x sessions x rounds
+    assert (out / "report.html").stat().st_size > 0
+
+
+def test_verify_gates_with_cli_runner(tmp_path):
+    runner = CliRunner()
+    ok = runner.invoke(app, ["verify", "--expect-guard", "--allocator", "guarded", "--out", str(tmp_path / "a")])
+    assert ok.exit_code == 0, ok.output
+    assert "PASS" in ok.output
+    bad = runner.invoke(app, ["verify", "--expect-guard", "--allocator", "buggy", "--out", str(tmp_path / "b")])
+    assert bad.exit_code == 1, bad.output
+    assert "failing rounds" in bad.output and "foreign_slots" in bad.output
+    nan = runner.invoke(app, ["verify", "--expect-guard", "--allocator", "stale-bytes", "--out", str(tmp_path / "c")])
+    assert nan.exit_code == 1, nan.output
+    assert "nonfinite_logits" in nan.output
+    control = runner.invoke(app, ["verify", "--expect-bug", "--allocator", "buggy", "--out", str(tmp_path / "d")])
+    assert control.exit_code == 0, control.output
+
+
+def test_verify_as_a_subprocess(tmp_path):
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "kvdiag", *args], capture_output=True, text=True,
+                              timeout=600)
+
+    ok = run("verify", "--expect-guard", "--allocator", "guarded", "--out", str(tmp_path / "a"))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "Using SequenceGuard for block allocation." in ok.stderr
+    assert "PagedAttention enabled with block size 16." in ok.stderr
+    bad = run("verify", "--expect-guard", "--allocator", "buggy", "--out", str(tmp_path / "b"))
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    usage = run("verify", "--expect-guard", "--suite", str(tmp_path / "missing.yaml"))
+    assert usage.returncode == 2 and "no such suite" in usage.stderr
+    both = run("verify", "--expect-guard", "--expect-bug")
+    assert both.returncode == 2
