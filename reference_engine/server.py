@@ -15,8 +15,12 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from reference_engine.async_engine import AsyncEngine
 from reference_engine.engine import LLMEngine
 from reference_engine.errors import EngineError
-from reference_engine.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
-                                       TokenizeRequest)
+from reference_engine.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
 
 
 def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from kvdiag.cli import generate, reproduce, serve
+from kvdiag.cli import generate, probe, reproduce, serve
 
 app = typer.Typer(
     name="kvdiag",
@@ -34,6 +34,7 @@ app.command("reproduce")(reproduce.reproduce)
 app.command("verify")(reproduce.verify)
 app.command("generate")(generate.generate)
 app.command("serve")(serve.serve)
+app.command("probe")(probe.probe)
 
 
 def main() -> None:

@@ -7,8 +7,16 @@ from typing import Annotated
 
 import typer
 
-from kvdiag.cli.common import (DEFAULT_MODEL, AllocatorOpt, DeviceOpt, DtypeOpt, ModelOpt, Output,
-                               enable_engine_log, handle_errors)
+from kvdiag.cli.common import (
+    DEFAULT_MODEL,
+    AllocatorOpt,
+    DeviceOpt,
+    DtypeOpt,
+    ModelOpt,
+    Output,
+    enable_engine_log,
+    handle_errors,
+)
 
 
 @handle_errors

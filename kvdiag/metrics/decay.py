@@ -29,6 +29,8 @@ GROUP = ("case", "target", "allocator", "round")
 COUNTERS = ("foreign_slots", "unwritten_slots", "guard_rejections", "nonfinite_logits",
             "preemptions")
 REFERENCE_ALLOCATOR = "contiguous"  # ground truth: no paging, no reuse
+ISOLATED = "isolated"  # a live probe's ground truth: the same request with a fresh cache_salt
+REFERENCE_ALLOCATORS = (REFERENCE_ALLOCATOR, ISOLATED)
 BASELINE_ALLOCATOR = "guarded"  # BRAI's expected block reuse comes from it
 MAIN_CASE = "trigger"
 SQDR_HEALTHY, SQDR_ALERT = 0.005, 0.01
@@ -63,7 +65,7 @@ def first_divergence(output_ids: Sequence[int], reference_ids: Sequence[int]) ->
 
 def series_name(target: str, allocator: str) -> str:
     """The allocator for reference-engine rows and for the contiguous reference, else the target."""
-    return allocator if target == "reference" or allocator == REFERENCE_ALLOCATOR else target
+    return allocator if target == "reference" or allocator in REFERENCE_ALLOCATORS else target
 
 
 def per_round(df: DataFrame) -> DataFrame:
@@ -132,7 +134,7 @@ def summarize(df: DataFrame, expected_reuse: Mapping[str, float] | None = None,
                     rec["round"], expected)
                 rec["brai"] = 0.0 if is_base else brai(rec["block_reuse_rate"], exp_r)
                 rounds.append(_json_safe(rec))
-            if allocator == REFERENCE_ALLOCATOR:
+            if allocator in REFERENCE_ALLOCATORS:
                 continue
             sqdrs[name] = sqdr(dict(zip(series["round"], series["fact_check_pass_rate"])))
             raw_s = df[(df["case"] == case) & (df["target"] == target)

@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvdiag.metrics.decay import REFERENCE_ALLOCATOR
+from kvdiag.metrics.decay import REFERENCE_ALLOCATORS
 
 if TYPE_CHECKING:
     from pandas import DataFrame
@@ -165,7 +165,7 @@ def departure_rounds(table: DataFrame) -> dict[str, int | None]:
     A round departs when any session's tokens diverge, BLEU-4 falls below 100, or the
     fact-check pass rate differs from the reference's in that round.
     """
-    reference = table[table["series"] == REFERENCE_ALLOCATOR]
+    reference = table[table["series"].isin(REFERENCE_ALLOCATORS)]
     ref_pass = dict(zip(reference["round"], reference["fact_check_pass_rate"]))
     out: dict[str, int | None] = {}
     for name, rows in table.groupby("series", sort=False):
@@ -182,7 +182,7 @@ def departure_rounds(table: DataFrame) -> dict[str, int | None]:
 
 def heatmap_grids(rows: DataFrame) -> tuple[dict, str, str] | None:
     """session x round grids per non-reference series: leakage, or else divergence share."""
-    rows = rows[rows["series"] != REFERENCE_ALLOCATOR]
+    rows = rows[~rows["series"].isin(REFERENCE_ALLOCATORS)]
     if rows.empty:
         return None
     if rows["attention_leakage"].notna().any():

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pandas import DataFrame
 
-REFERENCE = "contiguous"
+REFERENCES = ("contiguous", "isolated")  # the ground truth of reference runs and of live probes
 PALETTE = ("#D55E00", "#009E73", "#E69F00", "#CC79A7", "#56B4E9", "#7F3C8D", "#8C6D31")
 BASELINE_COLOUR = "#0072B2"
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<")
@@ -36,7 +36,7 @@ def colours(names: Iterable[str], baseline: str = "guarded") -> dict[str, tuple[
     """name -> (colour, marker); stable for a given list of names."""
     out, k = {}, 0
     for name in dict.fromkeys(names):
-        if name == REFERENCE:
+        if name in REFERENCES:
             out[name] = ("#000000", "")
         elif name == baseline:
             out[name] = (BASELINE_COLOUR, "o")
@@ -62,7 +62,7 @@ def decay_curves(table: DataFrame, departures: Mapping[str, int | None], title: 
                 rows = table[table["series"] == name].sort_values("round")
                 _line(ax, rows["round"], rows[column], name, style[name])
                 r = departures.get(name)
-                if r is not None and name != REFERENCE:
+                if r is not None and name not in REFERENCES:
                     y = rows.loc[rows["round"] == r, column]
                     ax.axvline(r, color=style[name][0], linestyle=":", linewidth=1.2)
                     if len(y) and not math.isnan(float(y.iloc[0])):
@@ -165,7 +165,7 @@ def _pyplot():
 
 def _line(ax, x, y, name: str, style: tuple[str, str]) -> None:
     colour, marker = style
-    if name == REFERENCE:
+    if name in REFERENCES:
         ax.plot(x, y, color="#9a9a9a", linewidth=6, alpha=0.45, solid_capstyle="round", zorder=1)
         ax.plot(x, y, color=colour, linestyle="--", linewidth=1.4, label=name, zorder=3)
     else:
@@ -177,9 +177,10 @@ def _handle(plt, name: str, style: tuple[str, str], departs: int | None):
     from matplotlib.lines import Line2D
 
     colour, marker = style
-    if name == REFERENCE:
-        return Line2D([], [], color=colour, linestyle="--", linewidth=1.4,
-                      label="contiguous reference (ground truth)")
+    if name in REFERENCES:
+        label = ("contiguous reference (ground truth)" if name == "contiguous"
+                 else "isolated runs, fresh cache_salt (ground truth)")
+        return Line2D([], [], color=colour, linestyle="--", linewidth=1.4, label=label)
     note = f"departs at round {departs}" if departs is not None else "matches reference"
     return Line2D([], [], color=colour, marker=marker, linewidth=1.8, label=f"{name}: {note}")
 

@@ -36,6 +36,8 @@ class Record:
     first_divergence: int | None = None
     fact_check_pass: float = math.nan
     fact_check_reason: str = ""
+    divergence_margin: float = math.nan  # live probes: logprob margin at the first divergent token
+    classification: str = ""  # live probes: "match", "numerics" or "corruption"
 
     def as_dict(self) -> dict:
         return asdict(self)

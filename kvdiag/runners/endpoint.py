@@ -1,0 +1,162 @@
+"""A live OpenAI-compatible endpoint (vLLM, SGLang, kvdiag serve): chat requests with
+retries and backoff, token counts through /tokenize, and /metrics scrapes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from kvdiag.errors import EndpointError
+
+RETRY_STATUS = {429, 500, 502, 503, 504}
+
+
+@dataclass
+class ChatResult:
+    text: str
+    tokens: list[str]  # generated tokens, from logprobs (empty when the server gives none)
+    top: list[list[tuple[str, float]]]  # per token: the top alternatives, best first
+    logprobs: list[float]
+    prompt_tokens: int
+    cached_tokens: int | None
+    finish_reason: str | None
+    seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+class Endpoint:
+    def __init__(self, base_url: str, model: str, api_key: str | None = None, *,
+                 timeout: float = 300.0, retries: int = 4) -> None:
+        self.base = base_url.rstrip("/")
+        if self.base.endswith("/v1"):
+            self.base = self.base[:-3]
+        self.model, self.retries = model, retries
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.sync = httpx.Client(base_url=self.base, headers=headers, timeout=timeout)
+        self.client = httpx.AsyncClient(base_url=self.base, headers=headers, timeout=timeout,
+                                        limits=httpx.Limits(max_connections=256))
+        self._count_cache: dict[str, list[int]] = {}
+        self.has_tokenize = True
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+        self.sync.close()
+
+    # --- plumbing ------------------------------------------------------------------------
+    def _sync(self, method: str, path: str, **kw) -> httpx.Response:
+        delay = 0.5
+        for attempt in range(self.retries + 1):
+            try:
+                r = self.sync.request(method, path, **kw)
+            except httpx.TransportError as e:
+                if attempt == self.retries:
+                    raise EndpointError(f"cannot reach {self.base}: {type(e).__name__}") from None
+            else:
+                if r.status_code not in RETRY_STATUS or attempt == self.retries:
+                    return r
+            time.sleep(delay)
+            delay *= 2
+        raise AssertionError("unreachable")
+
+    async def _async(self, method: str, path: str, **kw) -> httpx.Response:
+        delay = 0.5
+        for attempt in range(self.retries + 1):
+            try:
+                r = await self.client.request(method, path, **kw)
+            except httpx.TransportError as e:
+                if attempt == self.retries:
+                    raise EndpointError(f"cannot reach {self.base}: {type(e).__name__}") from None
+            else:
+                if r.status_code not in RETRY_STATUS or attempt == self.retries:
+                    return r
+            await asyncio.sleep(delay)
+            delay *= 2
+        raise AssertionError("unreachable")
+
+    # --- what the probe uses -------------------------------------------------------------
+    def check(self) -> list[str]:
+        """The served model ids; raises EndpointError (exit 2) when down or the model is absent."""
+        r = self._sync("GET", "/v1/models")
+        if r.status_code != 200:
+            raise EndpointError(f"{self.base}/v1/models answered HTTP {r.status_code}")
+        ids = [m.get("id") for m in r.json().get("data", [])]
+        if self.model not in ids:
+            raise EndpointError(f"{self.base} does not serve model {self.model!r} (it serves: {', '.join(map(str, ids))})")
+        return ids
+
+    def tokenize_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        key = json.dumps([messages, add_generation_prompt])
+        if key not in self._count_cache:
+            r = self._sync("POST", "/tokenize", json={"model": self.model, "messages": messages,
+                                                      "add_generation_prompt": add_generation_prompt})
+            if r.status_code == 404:
+                self.has_tokenize = False
+                raise EndpointError(f"{self.base} has no /tokenize endpoint")
+            if r.status_code != 200:
+                raise EndpointError(f"/tokenize answered HTTP {r.status_code}: {r.text[:200]}")
+            self._count_cache[key] = r.json()["tokens"]
+        return self._count_cache[key]
+
+    def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        r = self._sync("POST", "/tokenize", json={"model": self.model, "prompt": text,
+                                                  "add_special_tokens": add_special_tokens})
+        if r.status_code != 200:
+            raise EndpointError(f"/tokenize answered HTTP {r.status_code}: {r.text[:200]}")
+        return r.json()["tokens"]
+
+    async def chat(self, messages: list[dict], max_tokens: int, *, cache_salt: str | None = None,
+                   top_logprobs: int = 5) -> ChatResult:
+        body = {"model": self.model, "messages": messages, "max_tokens": max_tokens,
+                "temperature": 0.0, "logprobs": True, "top_logprobs": top_logprobs}
+        if cache_salt is not None:
+            body["cache_salt"] = cache_salt
+        t0 = time.perf_counter()
+        r = await self._async("POST", "/v1/chat/completions", json=body)
+        if r.status_code != 200:
+            raise EndpointError(f"chat completion answered HTTP {r.status_code}: {r.text[:300]}")
+        data = r.json()
+        choice = data["choices"][0]
+        content = (choice.get("logprobs") or {}).get("content") or []
+        usage = data.get("usage") or {}
+        details = usage.get("prompt_tokens_details") or {}
+        return ChatResult(
+            text=choice["message"].get("content") or "",
+            tokens=[c["token"] for c in content],
+            top=[[(t["token"], t["logprob"]) for t in c.get("top_logprobs") or []] for c in content],
+            logprobs=[c["logprob"] for c in content],
+            prompt_tokens=int(usage.get("prompt_tokens", 0)),
+            cached_tokens=details.get("cached_tokens"),
+            finish_reason=choice.get("finish_reason"),
+            seconds=time.perf_counter() - t0)
+
+    def salt_supported(self) -> tuple[bool, str]:
+        """Does the server take vLLM's cache_salt? (a one-token request with and without)"""
+        body = {"model": self.model, "messages": [{"role": "user", "content": "hello"}],
+                "max_tokens": 1, "cache_salt": "kvdiag-salt-check"}
+        r = self._sync("POST", "/v1/chat/completions", json=body)
+        if r.status_code == 200:
+            return True, ""
+        return False, f"HTTP {r.status_code}: {r.text[:160]}"
+
+    def reset_prefix_cache(self) -> bool:
+        r = self._sync("POST", "/reset_prefix_cache")
+        return r.status_code == 200
+
+    def metrics(self) -> dict[str, float]:
+        """Counters from /metrics, summed over label sets (empty when the endpoint has none)."""
+        r = self._sync("GET", "/metrics")
+        if r.status_code != 200:
+            return {}
+        from prometheus_client.parser import text_string_to_metric_families
+
+        out: dict[str, float] = {}
+        for family in text_string_to_metric_families(r.text):
+            for sample in family.samples:
+                if sample.labels.get("model_name") not in (None, self.model):
+                    continue
+                out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
+        return out
