@@ -7,8 +7,13 @@ PY := $(VENV)/bin/python
 KVDIAG := $(VENV)/bin/kvdiag
 TORCH := torch==2.13.0
 PYTEST_ARGS ?= -m "not slow"
+# The real vLLM allocator, for `kvdiag audit-vllm` and tests/kvdiag/test_vllm_audit.py: a
+# separate venv (vllm pins its own torch; --no-deps keeps the CPU one).
+VLLM_VERSION ?= 0.33.0
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
 
-.PHONY: setup test test-all reproduce lint canary browser vllm-env bench clean
+.PHONY: setup test test-all reproduce lint canary browser vllm-env test-vllm bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,5 +53,25 @@ bench: setup
 	$(PY) benchmarks/engine_vs_hf.py
 	$(PY) benchmarks/guard_overhead.py
 
+# vllm --no-deps beside the CPU torch, plus the small packages its v1 core imports
+# (requirements/vllm-cpu-extras.txt, verified for 0.33.0 on CPU), plus kvdiag for the tests.
+$(VLLM_VENV)/.installed-$(VLLM_VERSION): pyproject.toml requirements/vllm-cpu-extras.txt \
+    requirements/vllm-0.17-cpu-extras.txt
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	echo '*' > $(VLLM_VENV)/.gitignore  # any VLLM_VENV name stays out of git
+	$(VLLM_PY) -m pip install -q $(TORCH)
+	$(VLLM_PY) -m pip install -q --no-deps vllm==$(VLLM_VERSION)
+	$(VLLM_PY) -m pip install -q -r requirements/vllm-cpu-extras.txt
+	$(if $(filter 0.17.%,$(VLLM_VERSION)),$(VLLM_PY) -m pip install -q -r requirements/vllm-0.17-cpu-extras.txt)
+	$(VLLM_PY) -m pip install -q -e '.[test]'
+	$(VLLM_PY) -c "import vllm.v1.core.kv_cache_manager"
+	touch $@
+
+vllm-env: $(VLLM_VENV)/.installed-$(VLLM_VERSION)
+
+# The vLLM audit's tests (tests/kvdiag/test_vllm_audit.py), slow one included, in that venv.
+test-vllm: vllm-env
+	$(VLLM_PY) -m pytest tests/kvdiag/test_vllm_audit.py
+
 clean:
-	rm -rf $(VENV) reports .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) reports .pytest_cache

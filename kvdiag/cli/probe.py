@@ -156,6 +156,10 @@ def probe(
     raise typer.Exit(EXIT_FAIL if len(corrupt) else EXIT_PASS)
 
 
+def _fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
 def _render(out: Output, summary: dict, shared, run_dir: Path) -> None:
     from rich.table import Table
 
@@ -168,13 +172,12 @@ def _render(out: Output, summary: dict, shared, run_dir: Path) -> None:
     for n in sorted(rows):
         part = shared[shared["round"] == n]
         r = rows[n]
-        fmt = (lambda v, f: "-" if v is None else format(v, f))
-        table.add_row(str(n), fmt(r["bleu4"], ".1f"), fmt(r["fact_check_pass_rate"], ".2f"),
-                      fmt(ref.get(n, {}).get("fact_check_pass_rate"), ".2f"),
+        table.add_row(str(n), _fmt(r["bleu4"], ".1f"), _fmt(r["fact_check_pass_rate"], ".2f"),
+                      _fmt(ref.get(n, {}).get("fact_check_pass_rate"), ".2f"),
                       str(int((part["classification"] != "match").sum())),
                       str(int((part["classification"] == "numerics").sum())),
                       str(int((part["classification"] == "corruption").sum())),
-                      fmt(r["block_reuse_rate"], ".2f"), style="red" if (part["classification"] == "corruption").any() else None)
+                      _fmt(r["block_reuse_rate"], ".2f"), style="red" if (part["classification"] == "corruption").any() else None)
     out.out.print(table)
     nf = summary["noise_floor"]
     out.out.print(f"noise floor: {nf['diverged_pairs']}/{nf['pairs']} repeated isolated requests diverged, "
