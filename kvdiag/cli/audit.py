@@ -23,9 +23,10 @@ def _render(out: Output, run, run_dir: Path) -> None:
             ours.setdefault(r.round, [0, 0])
             ours[r.round][0] += r.blocks_hit
             ours[r.round][1] += r.blocks_needed
-    table = Table(title=f"{audit['target']} · case {run.summary['cases'][0]}", title_justify="left")
-    for col in ("round", "vLLM hit rate", "vLLM block reuse", f"{audit.get('compare', {}).get('allocator', 'ours')} block reuse",
-                "foreign", "unwritten", "sessions reading foreign"):
+    table = Table(title=f"{audit['target']} · case {run.summary['cases'][0]} (hit rate: tokens; "
+                  f"reuse: blocks; ours: {audit.get('compare', {}).get('allocator', '-')})",
+                  title_justify="left")
+    for col in ("round", "hit rate", "reuse", "ours", "foreign", "unwritten", "sessions"):
         table.add_column(col, justify="right")
     needed = {}
     for r in run.vllm.records:

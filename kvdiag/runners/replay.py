@@ -153,7 +153,7 @@ def records(trace: Trace, turns: dict, *, target: str, allocator: str,
 
 def replay_allocator(trace: Trace, allocator: str = "prefix-cache", *,
                      check: bool = True) -> ReplayResult:
-    """The trace through one of our allocators; rows target "replay"."""
+    """The trace through one of our allocators; rows target "replay:<allocator>"."""
     engine = AllocatorReplay(trace, allocator, check=check)
     t0 = time.perf_counter()
     turns = drive(trace, engine)
@@ -168,5 +168,6 @@ def replay_allocator(trace: Trace, allocator: str = "prefix-cache", *,
              "prefix_cache_hits": sched.prefix_cache_hits,
              "preemptions": sched.num_preemptions,
              "guard_rejections": engine.allocator.guard_rejections}
-    return ReplayResult("replay", allocator, records(trace, turns, target="replay", allocator=allocator),
+    target = f"replay:{allocator}"
+    return ReplayResult(target, allocator, records(trace, turns, target=target, allocator=allocator),
                         engine.num_steps, seconds, turns, stats, violations)

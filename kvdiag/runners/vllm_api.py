@@ -51,6 +51,7 @@ _REQUIRED = {
 _REQUIRED_033 = {
     "KVCacheManager.__init__": ("scheduler_block_size",),
     "KVCacheManager.record_prefix_cache_stats": ("request", "num_hits"),
+    "KVCacheManager.allocate_slots": ("full_sequence_must_fit",),
 }
 
 
@@ -174,12 +175,16 @@ class VllmApi:
             manager.record_prefix_cache_stats(request, num_hits)
 
     def allocate(self, manager, request, num_new_tokens: int, num_hits: int = 0,
-                 blocks=None, delay_cache: bool = False) -> list[int] | None:
+                 blocks=None, delay_cache: bool = False, admission: bool = False) -> list[int] | None:
         """Slots for `num_new_tokens` more tokens (after `num_hits` cached ones on
         admission); the ids of the newly allocated blocks, or None if the pool is short.
-        vLLM registers the blocks these tokens fill at once, unless `delay_cache`."""
-        new = manager.allocate_slots(request, num_new_tokens, num_hits, blocks,
-                                     delay_cache_blocks=delay_cache)
+        vLLM registers the blocks these tokens fill at once, unless `delay_cache`. On
+        admission 0.33's scheduler also asks that the whole sequence fit
+        (scheduler_reserve_full_isl, on by default); 0.17 checks the first chunk only."""
+        kwargs = {"delay_cache_blocks": delay_cache}
+        if admission and self.series == "0.33":
+            kwargs["full_sequence_must_fit"] = True
+        new = manager.allocate_slots(request, num_new_tokens, num_hits, blocks, **kwargs)
         return None if new is None else list(new.get_block_ids()[0])
 
     def cache(self, manager, request, num_computed_tokens: int) -> None:

@@ -122,7 +122,7 @@ def audit_trace(trace: Trace, *, compare: str | None = "prefix-cache", explain: 
         "signature": signature(engine=f"vllm-replay:{api.version}", allocators=allocators,
                                block_size=cfg.block_size, model=model_label, suite=cfg.suite,
                                seed=seed),
-        "suite": cfg.suite, "cases": [cfg.case], "targets": [result.target] + (["replay"] if ours else []),
+        "suite": cfg.suite, "cases": [cfg.case], "targets": [result.target] + ([ours.target] if ours else []),
         "allocators": allocators, "model": model_label,
         "vllm_audit": vllm_section(result, ours, stages),
     })

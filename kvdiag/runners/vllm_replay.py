@@ -8,6 +8,7 @@ The driver makes the calls vLLM's Scheduler.schedule makes, in its order:
         front, recompute), retry; a request that preempted itself ends the pass
     then, if nothing was preempted, waiting requests (FCFS, up to max_num_seqs):
         get_computed_blocks(req) -> allocate_slots(req, chunk, hits, hit_blocks)
+        (0.33: full_sequence_must_fit, its scheduler's default)
         no room -> stop admitting this step
     after the step: teacher-forced token appended (vLLM extends req.block_hashes);
         a finished request -> free(req)
@@ -95,11 +96,11 @@ class VllmReplay:
 
     # --- scheduling --------------------------------------------------------------------
     def _allocate(self, turn: VllmTurn, num_new: int, hits: int = 0, blocks=None,
-                  had: int = 0) -> list[int] | None:
+                  had: int = 0, admission: bool = False) -> list[int] | None:
         t0 = time.perf_counter()
         try:
             return self.api.allocate(self.manager, turn.request, num_new, hits, blocks,
-                                     delay_cache=self.cache_after_compute)
+                                     delay_cache=self.cache_after_compute, admission=admission)
         except AssertionError as e:  # vLLM's own check fired: record it, keep what it did
             self._violation(f"vLLM assertion in {assertion_site(e)} while allocating for {turn.label}")
             table = self.api.block_table(self.manager, turn.request.request_id)
@@ -135,7 +136,7 @@ class VllmReplay:
         if counted is not None:  # 0.17 counts every lookup, admitted or not
             self.cache_stats.add(counted)
         num_new = min(req.num_tokens - hits, budget)
-        new = self._allocate(turn, num_new, hits, blocks)
+        new = self._allocate(turn, num_new, hits, blocks, admission=True)
         if new is None:
             return None
         self.waiting.popleft()

@@ -1,0 +1,81 @@
+"""kvdiag probe against `kvdiag serve` subprocesses: the guarded server passes, the buggy one
+fails with the rounds named (and agrees with the in-process runner), a dead server exits 2,
+and a probe killed mid-run resumes from its rounds.jsonl."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from kvdiag.cli import app
+from tests.kvdiag.serving import free_port, served, smoke_pool
+
+
+def _server_args(allocator: str) -> list[str]:
+    return ["--allocator", allocator, "--num-blocks", str(smoke_pool()), "--max-num-seqs", "16",
+            "--recycled-block-fill", "nan", "--max-model-len", "2048"]
+
+
+def _probe(url: str, out, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "kvdiag", "probe", "--base-url", url, "--model", "canary",
+            "--suite", "smoke", "--out", str(out), *extra]
+
+
+@pytest.fixture(scope="module")
+def in_process(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smoke")
+    result = CliRunner().invoke(app, ["reproduce", "--suite", "smoke", "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_probe_passes_the_guarded_server(tmp_path, in_process):
+    with served(*_server_args("guarded")) as (url, _):
+        run = subprocess.run(_probe(url, tmp_path / "g", "--json"), capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-2000:]
+    summary = json.loads(run.stdout)
+    assert summary["verdict"] == "pass" and summary["corrupted_requests"] == 0
+    assert summary["isolation"] == "cache_salt"
+    assert summary["server_prefix_cache"]["hit_rate"] > 0.5
+    assert in_process["gates"]["trigger/guarded"]["passed"]  # the in-process runner agrees
+
+
+def test_probe_finds_corruption_on_the_buggy_server_and_resumes(tmp_path, in_process):
+    out = tmp_path / "b"
+    with served(*_server_args("buggy")) as (url, _):
+        proc = subprocess.Popen(_probe(url, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        rounds = out / "rounds.jsonl"
+        deadline = time.monotonic() + 600
+        while not (rounds.exists() and len(rounds.read_text().splitlines()) >= 60):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        kept = [json.loads(line) for line in rounds.read_text().splitlines() if line.strip()]
+        assert len(kept) >= 60 and not (out / "summary.json").exists()
+        run = subprocess.run(_probe(url, out, "--resume", str(out), "--json"), capture_output=True,
+                             text=True, timeout=900)
+    assert run.returncode == 1, run.stderr[-2000:]
+    summary = json.loads(run.stdout)
+    rows = [json.loads(line) for line in rounds.read_text().splitlines()]
+    keys = [(r["phase"], r["session"], r["round"]) for r in rows]
+    assert len(keys) == len(set(keys)) == 2 * 16 * 12 + 4 * 12  # nothing asked twice
+    assert summary["verdict"] == "fail" and summary["corruption_rounds"]
+    assert all(1 <= n <= 12 for n in summary["corruption_rounds"])
+    assert in_process["faults"]["trigger/buggy"]  # the in-process runner agrees
+
+
+def test_probe_against_a_dead_server_exits_2(tmp_path):
+    url = f"http://127.0.0.1:{free_port()}"
+    run = subprocess.run(_probe(url, tmp_path / "d"), capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ))
+    assert run.returncode == 2
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "cannot reach" in lines[0]
