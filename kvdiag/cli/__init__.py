@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from kvdiag.cli import generate, probe, reproduce, serve
+from kvdiag.cli import audit, generate, probe, reproduce, serve
 
 app = typer.Typer(
     name="kvdiag",
@@ -35,6 +35,7 @@ app.command("verify")(reproduce.verify)
 app.command("generate")(generate.generate)
 app.command("serve")(serve.serve)
 app.command("probe")(probe.probe)
+app.command("audit-vllm")(audit.audit_vllm)
 
 
 def main() -> None:
