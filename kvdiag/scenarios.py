@@ -87,7 +87,8 @@ class LengthPlanner:
     calls it round by round). Deterministic by (seed, session)."""
 
     def __init__(self, condition: str, session_index: int, *, seed: int = 0, block_size: int = 16,
-                 boundary: int = 4096, start_range: tuple[int, int] = (3780, 4040)) -> None:
+                 boundary: int = 4096, start_range: tuple[int, int] = (3780, 4040),
+                 min_turn: int = 0) -> None:
         if condition not in CONDITIONS:
             raise ValueError(f"unknown condition {condition!r} (known: {', '.join(CONDITIONS)})")
         self.condition, self.bs, self.boundary = condition, block_size, boundary
@@ -97,12 +98,15 @@ class LengthPlanner:
         self.jumps = session_index % 2 == 0
         self.jumped = False
         self.prev: int | None = None
+        self.min_turn = min_turn  # the fewest tokens a later round's prompt adds
 
     def limit(self, r: int) -> int | None:
         """The longest prompt round r may have, before its request is chosen."""
         return self.prev + self.bs if self.condition == "uniform" and r > 0 else None
 
     def __call__(self, r: int, min_len: int, answer: int) -> int:
+        if r and self.min_turn:
+            min_len = max(min_len, self.prev + self.min_turn)
         target = getattr(self, "_" + self.condition.replace("-", "_"), self._trigger)(r, min_len, answer)
         if target < min_len:
             raise ValueError(f"{self.condition}: round {r} needs at least {min_len} tokens, "

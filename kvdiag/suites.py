@@ -43,6 +43,8 @@ class Case:
     recycled_block_fill: float | None = None  # nan models vLLM #35138's other tenant
     capture_attention: bool = True
     seed: int | None = None  # None: the suite's seed
+    style: str | None = None  # None: the suite's (canary or natural)
+    min_turn: int = 0  # a user turn adds at least this many tokens (long-answer-bearing turns)
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,8 @@ def _validate_case(case: Case, where: str) -> None:
             raise SuiteError(f"{where}.{key}: must be at least 1")
     if not 0 <= case.pressure_round < case.rounds:
         raise SuiteError(f"{where}.pressure_round: must be in 0..rounds-1")
+    if case.style is not None and case.style not in STYLES:
+        raise SuiteError(f"{where}.style: must be one of {', '.join(STYLES)}, got {case.style!r}")
     if case.start_range[0] > case.start_range[1]:
         raise SuiteError(f"{where}.start_range: the first value exceeds the second")
 

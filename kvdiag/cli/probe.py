@@ -3,24 +3,13 @@ cache corruption from outside, against cache-isolated runs of the same requests.
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from kvdiag.cli.common import EXIT_FAIL, EXIT_PASS, JsonOpt, Output, handle_errors
-from kvdiag.errors import EndpointError, KvdiagError
-
-
-def _plan_sha(plan) -> str:
-    h = hashlib.sha256()
-    for session in plan.prompts:
-        for ids in session:
-            h.update(json.dumps(ids).encode())
-    return h.hexdigest()[:16]
+from kvdiag.errors import KvdiagError
 
 
 @handle_errors
@@ -53,107 +42,45 @@ def probe(
     """
     import dataclasses
 
-    import pandas as pd
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from kvdiag.metrics.decay import summarize
     from kvdiag.report.html import write_report
-    from kvdiag.runners import probe as P
-    from kvdiag.runners.plan import plan_case
-    from kvdiag.runs import Timer, command_line, new_run_dir, now_iso, signature, write_run
+    from kvdiag.runners.probe import ProbeSettings
+    from kvdiag.runners.probe_run import run_probe
+    from kvdiag.runs import Timer, command_line, new_run_dir, now_iso, write_run
     from kvdiag.suites import load_suite
 
     out = Output(as_json)
     timer = Timer()
-    endpoint = P.Endpoint(base_url, model, api_key)
-    endpoint.check()
     loaded = load_suite(suite)
     if style:
         loaded = dataclasses.replace(loaded, style=style)
     chosen = loaded.case(case) if case else (loaded.select(None) or list(loaded.cases))[0]
-    if resume is not None:
-        meta_path = resume / "probe.json"
-        if not meta_path.is_file():
-            raise KvdiagError(f"{resume}: not a probe run directory (no probe.json)")
-        run_dir, meta = resume, json.loads(meta_path.read_text())
-    else:
-        run_dir, meta = new_run_dir(out_dir, f"probe-{loaded.name}"), None
+    if resume is not None and not (resume / "probe.json").is_file():
+        raise KvdiagError(f"{resume}: not a probe run directory (no probe.json)")
+    run_dir = resume if resume is not None else new_run_dir(out_dir, f"probe-{loaded.name}")
+    settings = ProbeSettings(concurrency=concurrency, think_scale=think_scale,
+                             floor_sessions=floor_sessions, numerics_margin=numerics_margin)
     out.info(f"planning {chosen.sessions} sessions x {chosen.rounds} rounds with {base_url}'s tokenizer")
-    plan = plan_case(loaded, chosen, P.RemoteTokenizer(endpoint))
-    salted, why = endpoint.salt_supported()
-    if not salted:
-        if not endpoint.reset_prefix_cache():
-            raise EndpointError(f"{base_url} rejects cache_salt ({why}) and has no /reset_prefix_cache: "
-                                "no isolated ground truth can be made")
-        out.warn(f"the server rejects cache_salt ({why}); isolated runs reset the prefix cache "
-                 "before each request and run one at a time")
-    fresh = {"base_url": base_url, "model": model, "suite": loaded.name, "case": chosen.name,
-             "plan_sha": _plan_sha(plan), "salted": salted}
-    if meta is not None and meta["plan_sha"] != fresh["plan_sha"]:
-        raise KvdiagError(f"{resume}: the suite or the server's tokenizer changed since this probe began")
-    (run_dir / "probe.json").write_text(json.dumps(meta or fresh, indent=2))
-    store = P.RoundStore(run_dir / "rounds.jsonl")
-    settings = P.ProbeSettings(concurrency=concurrency, think_scale=think_scale,
-                               floor_sessions=floor_sessions, numerics_margin=numerics_margin)
-    jobs = [(k, r) for k in range(len(plan.sessions)) for r in range(chosen.rounds)]
-    floor = P.floor_jobs(plan, floor_sessions)
-    total = 2 * len(jobs) + len(floor)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=out.err, transient=True, disable=as_json) as bar:
+        task = bar.add_task("probe", total=None)
 
-    before = endpoint.metrics()
-    try:
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=out.err, transient=True, disable=as_json) as bar:
-            task = bar.add_task("probe", total=total, completed=len(store.done))
+        def progress(phase: str, done: int, total: int) -> None:
+            bar.update(task, description=phase, completed=done, total=total)
 
-            def tick():
-                bar.advance(task, 1)
-
-            async def run_all():
-                try:
-                    bar.update(task, description="shared (cache on)")
-                    await P._phase_shared(endpoint, plan, store, settings, tick)
-                    after_shared.update(endpoint.metrics())
-                    bar.update(task, description="isolated (fresh cache_salt)")
-                    await P._phase_isolated(endpoint, plan, store, settings, P.ISOLATED, jobs, salted, tick)
-                    bar.update(task, description="noise floor")
-                    await P._phase_isolated(endpoint, plan, store, settings, P.FLOOR, floor, salted, tick)
-                finally:
-                    await endpoint.aclose()
-
-            after_shared: dict = {}
-            asyncio.run(run_all())
-    finally:
-        store.close()
-    worst, diverged, pairs = P.noise_floor(store)
-    threshold = max(worst, numerics_margin)
-    recs = P.records(plan, store, base_url, threshold, loaded.style, loaded.block_size)
-    frame = pd.DataFrame([r.as_dict() for r in recs])
-    summary = summarize(frame, baseline="__none__")
-    shared_rows = frame[frame["allocator"] == P.SHARED]
-    corrupt = shared_rows[shared_rows["classification"] == "corruption"]
-    numerics = shared_rows[shared_rows["classification"] == "numerics"]
-    dq = after_shared.get("vllm:prefix_cache_queries_total", 0) - before.get("vllm:prefix_cache_queries_total", 0)
-    dh = after_shared.get("vllm:prefix_cache_hits_total", 0) - before.get("vllm:prefix_cache_hits_total", 0)
-    summary.update({
-        "signature": signature(engine=f"endpoint:{base_url}", allocators=[P.SHARED, P.ISOLATED],
-                               block_size=loaded.block_size, model=model, suite=loaded.name, seed=loaded.seed),
-        "suite": loaded.name, "cases": [chosen.name], "targets": [base_url],
-        "verdict": "fail" if len(corrupt) else "pass",
-        "corruption_rounds": sorted({int(x) for x in corrupt["round"]}),
-        "corrupted_requests": int(len(corrupt)), "numerics_requests": int(len(numerics)),
-        "noise_floor": {"margin": worst, "diverged_pairs": diverged, "pairs": pairs,
-                        "threshold": threshold},
-        "isolation": "cache_salt" if salted else "reset_prefix_cache",
-        "server_prefix_cache": {"queries": dq, "hits": dh, "hit_rate": (dh / dq) if dq else None},
-        "wall_seconds": round(timer.seconds, 2), "command": command_line(), "created": now_iso(),
-    })
+        frame, summary = run_probe(base_url, model, loaded, chosen, run_dir, api_key=api_key,
+                                   settings=settings, resume=resume is not None, warn=out.warn,
+                                   progress=progress)
+    summary |= {"wall_seconds": round(timer.seconds, 2), "command": command_line(), "created": now_iso()}
+    shared_rows = frame[frame["allocator"] == "shared"]
     write_run(run_dir, frame, summary)
     write_report(run_dir)
     if as_json:
         out.json(summary)
     else:
         _render(out, summary, shared_rows, run_dir)
-    raise typer.Exit(EXIT_FAIL if len(corrupt) else EXIT_PASS)
+    raise typer.Exit(EXIT_FAIL if summary["verdict"] == "fail" else EXIT_PASS)
 
 
 def _fmt(v, spec: str) -> str:

@@ -26,6 +26,10 @@ class CasePlan:
     schedule: Schedule
 
     @property
+    def style(self) -> str:
+        return self.case.style or self.suite.style
+
+    @property
     def seed(self) -> int:
         return self.case.seed if self.case.seed is not None else self.suite.seed
 
@@ -43,7 +47,8 @@ def system_prompt(style: str, tokenizer, tokens: int, seed: int) -> str | None:
 
 def plan_case(suite: Suite, case: Case, tokenizer) -> CasePlan:
     seed = case.seed if case.seed is not None else suite.seed
-    system = system_prompt(suite.style, tokenizer, case.shared_prefix, seed)
+    style = case.style or suite.style
+    system = system_prompt(style, tokenizer, case.shared_prefix, seed)
 
     def count_tokens(messages: list[dict]) -> int:
         return len(tokenizer.encode_chat(messages))
@@ -56,9 +61,10 @@ def plan_case(suite: Suite, case: Case, tokenizer) -> CasePlan:
         flavour = suite.flavours[s % len(suite.flavours)]
         kb = make_knowledge_base(flavour, suite.facts_per_session, seed * 1000 + s)
         planner = LengthPlanner(case.condition, s, seed=seed, block_size=suite.block_size,
-                                boundary=case.boundary, start_range=case.start_range)
+                                boundary=case.boundary, start_range=case.start_range,
+                                min_turn=case.min_turn)
         try:
-            session = build_session(kb, style=suite.style, seed=seed, planner=planner,
+            session = build_session(kb, style=style, seed=seed, planner=planner,
                                     num_rounds=case.rounds, answer_tokens=answer_tokens,
                                     count_tokens=count_tokens, session_id=f"s{s:02d}",
                                     recite_every=case.recite_every, system=system,

@@ -58,7 +58,7 @@ def run_case(plan: CasePlan, checkpoint, allocators: list[str], *, device: str =
     result = CaseResult(plan)
     sessions, prompts, case = plan.sessions, plan.prompts, plan.case
     tok = checkpoint.tokenizer
-    checker = Checker(plan.suite.style, spacy_model)
+    checker = Checker(plan.style, spacy_model)
     keys = list(range(len(sessions)))
 
     def next_prompt(s, r, _turns):
