@@ -68,10 +68,15 @@ class Fingerprints:
         return out
 
     def append(self, token_id: int) -> None:
-        self._last_raw = (self._last_raw * int(_P) + token_id + 1) & _MASK
+        self._last_raw = raw = (self._last_raw * int(_P) + token_id + 1) & _MASK
         if self._n == len(self._values):
             self._values = np.concatenate([self._values, np.empty_like(self._values)])
-        self._values[self._n] = self._publish(np.array([self._last_raw], dtype=np.uint64))[0]
+        # splitmix64 finaliser on a Python int: the same value _mix gives, without numpy calls
+        raw = ((raw ^ (raw >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+        raw = ((raw ^ (raw >> 27)) * 0x94D049BB133111EB) & _MASK
+        raw ^= raw >> 31
+        value = raw - (1 << 64) if raw >> 63 else raw
+        self._values[self._n] = value if value != UNWRITTEN else 1
         self._n += 1
 
     def __len__(self) -> int:

@@ -70,13 +70,23 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.qk_norm = cfg.qk_norm
+        self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # fused after loading
+
+    def fuse(self) -> None:
+        """One [H*D + 2*KVH*D, hidden] projection instead of three (fewer, larger matmuls)."""
+        w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+        b = (torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
+             if self.q_proj.bias is not None else None)
+        self.qkv = (w, b)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 backend: AttentionBackend) -> torch.Tensor:
-        n = x.shape[0]
-        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)  # [N, H, D]
-        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)  # [N, KVH, D]
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        n, d = x.shape[0], self.head_dim
+        qkv = nn.functional.linear(x, *self.qkv)
+        q, k, v = qkv.split([self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], -1)
+        q = q.view(n, self.num_heads, d)  # [N, H, D]
+        k = k.view(n, self.num_kv_heads, d)  # [N, KVH, D]
+        v = v.view(n, self.num_kv_heads, d)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
@@ -90,9 +100,17 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.gate_up: tuple[torch.Tensor, torch.Tensor | None] | None = None  # fused after loading
+
+    def fuse(self) -> None:
+        w = torch.cat([self.gate_proj.weight, self.up_proj.weight])
+        b = (torch.cat([self.gate_proj.bias, self.up_proj.bias])
+             if self.gate_proj.bias is not None else None)
+        self.gate_up = (w, b)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = nn.functional.linear(x, *self.gate_up).chunk(2, -1)
+        return self.down_proj(nn.functional.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -134,6 +152,9 @@ class CausalLM(nn.Module):
         model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
         if cfg.tie_word_embeddings:
             model.lm_head.weight = model.model.embed_tokens.weight
+        for layer in model.model.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
         model.rotary = Rotary(cfg.head_dim, cfg.rope_theta, device)
         return model
 

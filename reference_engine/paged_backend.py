@@ -25,6 +25,17 @@ class _Item:
         self.probs: list[torch.Tensor] = []
 
 
+def _slots(seq, bs: int) -> np.ndarray:
+    """Every slot of the sequence's block table, in position order (cached until the table
+    changes: it only grows, or is emptied by a preemption)."""
+    n = len(seq.block_table)
+    cached = seq.slot_cache
+    if cached is None or cached[0] != n:
+        table = np.asarray(seq.block_table, dtype=np.int64)
+        seq.slot_cache = cached = (n, (table[:, None] * bs + np.arange(bs)).ravel())
+    return cached[1]
+
+
 def _track(seq, name: str, ctx: int, mask: np.ndarray) -> int:
     """OR `mask` into the sequence's per-position record; return how many positions it holds."""
     seen = getattr(seq, name)
@@ -47,9 +58,7 @@ class PagedBackend:
         for s in batch:
             item = _Item(s, row)
             row += s.num_tokens
-            table = np.asarray(s.seq.block_table, dtype=np.int64)
-            pos = np.arange(item.start, item.ctx)
-            slots = table[pos // bs] * bs + pos % bs
+            slots = _slots(s.seq, bs)[item.start:item.ctx]
             cache.record(slots, s.seq.fingerprints.values(item.start, item.ctx))
             new_slots.append(slots)
             self.items.append(item)
@@ -66,17 +75,16 @@ class PagedBackend:
 
     def _check_provenance(self, item: _Item, bs: int) -> None:
         seq, ctx = item.sched.seq, item.ctx
-        nblocks = -(-ctx // bs)
-        table = np.asarray(seq.block_table[:nblocks], dtype=np.int64)
-        slots = (table[:, None] * bs + np.arange(bs)).ravel()
-        if self.mode == "additive":
-            slots = slots[:ctx]  # the kernel never touches the unwritten tail
+        # additive: the kernel never touches the unwritten tail; multiply: whole blocks
+        slots = _slots(seq, bs)[:ctx if self.mode == "additive" else -(-ctx // bs) * bs]
         got = self.cache.ledger[slots[:ctx]]
         expected = seq.fingerprints.values(0, ctx)
         unwritten = got == UNWRITTEN
         foreign = (got != expected) & ~unwritten
-        seq.stats.foreign_slots = _track(seq, "foreign_seen", ctx, foreign)
-        seq.stats.unwritten_slots = _track(seq, "unwritten_seen", ctx, unwritten)
+        if foreign.any():
+            seq.stats.foreign_slots = _track(seq, "foreign_seen", ctx, foreign)
+        if unwritten.any():
+            seq.stats.unwritten_slots = _track(seq, "unwritten_seen", ctx, unwritten)
         bad = np.ones(len(slots), dtype=bool)  # tail slots (multiply mode) are not ours either
         bad[:ctx] = foreign | unwritten
         item.slots, item.bad = slots, bad

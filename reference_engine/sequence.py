@@ -71,6 +71,7 @@ class Sequence:
         self.foreign_seen: np.ndarray | None = None  # bool per position, allocated on first read
         self.unwritten_seen: np.ndarray | None = None
         self.attention: list = []  # per generated token, when the engine keeps probabilities
+        self.slot_cache: tuple[int, np.ndarray] | None = None  # (table length, slots), backend
 
     @property
     def output_ids(self) -> list[int]:
@@ -94,5 +95,6 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
         self.block_table = []
+        self.slot_cache = None
         self.num_cached_blocks = 0
         self.stats.preemptions += 1

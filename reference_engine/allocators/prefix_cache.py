@@ -82,6 +82,7 @@ class PrefixCacheAllocator(BlockAllocator):
         self.touch(match.block_ids)
         new = self.get_new_blocks(self.num_new_blocks(seq, match))
         seq.block_table = list(match.block_ids) + new.new_block_ids
+        seq.slot_cache = None
         seq.num_cached_blocks = len(match.block_ids)
         return new
 
