@@ -49,10 +49,10 @@ def main() -> int:
     for batch in (1, 16):
         prompts = torch.randint(3, vocab - 10, (batch, args.prompt_len)).tolist()
 
-        def ours(n):
+        def ours(n, prompts=prompts):
             engine.generate(prompts, max_tokens=n, stop_ids=())
 
-        def theirs(n):
+        def theirs(n, prompts=prompts, batch=batch):
             with torch.no_grad():
                 hf.generate(torch.tensor(prompts), attention_mask=torch.ones(batch, args.prompt_len, dtype=torch.long),
                             max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None,
