@@ -43,8 +43,27 @@ def new_run_dir(out: Path | None, suite: str) -> Path:
 
 
 def command_line() -> str:
-    args = [Path(sys.argv[0]).name if sys.argv else "kvdiag", *sys.argv[1:]]
-    return shlex.join(args)
+    """The command that reruns this run: rebuilt from the running CLI command's parsed
+    options (so it reads the same from a shell, a test runner or a subprocess)."""
+    import click
+
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return shlex.join([Path(sys.argv[0]).name if sys.argv else "kvdiag", *sys.argv[1:]])
+    words = ["kvdiag", ctx.info_name or ""]
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name)
+        if value is None or value == param.default or not param.opts:
+            if isinstance(param, click.Argument) and value is not None:
+                words.append(str(value))
+            continue
+        flag = max(param.opts, key=len)
+        if isinstance(value, bool):
+            if value:
+                words.append(flag)
+        else:
+            words += [flag, str(value)]
+    return shlex.join(words)
 
 
 def now_iso() -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from kvdiag.cli import audit, generate, probe, reproduce, serve
+from kvdiag.cli import audit, generate, probe, report, reproduce, serve
 
 app = typer.Typer(
     name="kvdiag",
@@ -32,6 +32,7 @@ def _root(
 
 app.command("reproduce")(reproduce.reproduce)
 app.command("verify")(reproduce.verify)
+app.command("report")(report.report)
 app.command("generate")(generate.generate)
 app.command("serve")(serve.serve)
 app.command("probe")(probe.probe)

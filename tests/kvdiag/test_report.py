@@ -1,9 +1,6 @@
-"""The HTML report: built from a synthetic run, checked as text and in headless Chromium.
-
-The synthetic run has realistic shapes (16 sessions x 12 rounds; a guarded allocator that
-stays flat, a buggy one that decays from round 4; two flat control ablations).
-TODO(lead): switch `run_dir` to a real `kvdiag reproduce` run once the runner lands.
-"""
+"""The HTML report: built from a real `kvdiag reproduce` run and opened in headless
+Chromium; synthetic runs (realistic shapes: a guarded allocator that stays flat, a buggy one
+that decays from round 4, flat ablations, a run history) cover what one run cannot."""
 
 from __future__ import annotations
 
@@ -132,8 +129,8 @@ def test_missing_run_files_are_named(tmp_path: Path) -> None:
     assert "not recorded" in html  # an old summary without `command` still renders
 
 
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="/usr/bin/chromium absent: apt-get install chromium")
-def test_report_in_headless_chromium(report: Path, tmp_path: Path) -> None:
+def open_in_chromium(report: Path, shot: Path, verdict_text: str, plots_expected: int) -> None:
+    """Load the page with JavaScript off, screenshot it, and check what an SRE needs."""
     from playwright.sync_api import sync_playwright
 
     errors, remote = [], []
@@ -149,14 +146,13 @@ def test_report_in_headless_chromium(report: Path, tmp_path: Path) -> None:
             page.on("request", lambda r: remote.append(r.url)
                     if r.url.startswith(("http:", "https:")) else None)
             page.goto(report.resolve().as_uri(), wait_until="load")
-            shot = Path(os.environ.get("KVDIAG_ARTIFACTS", tmp_path)) / "report.png"
             shot.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(shot), full_page=True)
             assert shot.stat().st_size > 10_000
             verdict = page.locator("#verdict")
-            assert verdict.is_visible() and "FAIL" in verdict.inner_text()
+            assert verdict.is_visible() and verdict_text in verdict.inner_text()
             plots = page.locator("figure.plot svg")
-            assert plots.count() == 3
+            assert plots.count() == plots_expected
             for k in range(plots.count()):
                 box = plots.nth(k).bounding_box()
                 assert box and box["width"] > 100 and box["height"] > 100, box
@@ -164,3 +160,23 @@ def test_report_in_headless_chromium(report: Path, tmp_path: Path) -> None:
             browser.close()
     assert errors == [], errors
     assert remote == [], remote
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="/usr/bin/chromium absent: apt-get install chromium")
+def test_synthetic_report_with_history_in_headless_chromium(report: Path, tmp_path: Path) -> None:
+    shot = Path(os.environ.get("KVDIAG_ARTIFACTS", tmp_path)) / "report-synthetic.png"
+    open_in_chromium(report, shot, "FAIL", 3)
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="/usr/bin/chromium absent: apt-get install chromium")
+def test_report_of_a_real_reproduce_run(reproduce_run, tmp_path: Path) -> None:
+    run_dir, summary = reproduce_run
+    report = run_dir / "report.html"  # written by reproduce itself
+    assert report.stat().st_size < 2 * 1024 * 1024
+    text = report.read_text(encoding="utf-8")
+    assert summary["signature"] in text and "kvdiag reproduce" in text
+    assert "guarded" in text and "buggy" in text
+    rebuilt = write_report(run_dir, tmp_path / "again.html")  # `kvdiag report RUN_DIR -o FILE`
+    assert rebuilt.stat().st_size > 0
+    shot = Path(os.environ.get("KVDIAG_ARTIFACTS", tmp_path)) / "report-reproduce.png"
+    open_in_chromium(report, shot, "PASS", 2)

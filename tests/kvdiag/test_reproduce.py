@@ -15,11 +15,8 @@ from kvdiag.cli import app
 
 
 @pytest.fixture(scope="module")
-def reproduced(tmp_path_factory):
-    out = tmp_path_factory.mktemp("reproduce")
-    result = CliRunner().invoke(app, ["reproduce", "--out", str(out), "--json"])
-    assert result.exit_code == 0, result.output
-    return out, json.loads(result.stdout)
+def reproduced(reproduce_run):
+    return reproduce_run
 
 
 def _series(summary, name, key):

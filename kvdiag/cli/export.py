@@ -1,0 +1,53 @@
+"""kvdiag export and kvdiag exporter: the run history as Prometheus metrics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvdiag.cli.common import Output, handle_errors
+
+HistoryOpt = Annotated[Path, typer.Option("--history", help="Run history (SQLite) written by kvdiag regress.")]
+SuiteOpt = Annotated[str | None, typer.Option("--suite", help="Only this suite's runs.")]
+DEFAULT_HISTORY = Path("reports/history.sqlite")
+
+
+@handle_errors
+def export(
+    textfile: Annotated[Path, typer.Option("--textfile", help="node_exporter textfile collector "
+                                           "directory (--collector.textfile.directory).")],
+    history: HistoryOpt = DEFAULT_HISTORY,
+    suite: SuiteOpt = None,
+) -> None:
+    """Write DIR/kvdiag.prom (SQDR, BRAI, per-round fact-check and BLEU-4, leakage, cache
+    divergence of the latest run of each suite, target and model), atomically."""
+    from kvdiag.export.prometheus import write_textfile
+
+    if not history.exists():
+        raise FileNotFoundError(f"{history}: no history yet (kvdiag regress --history {history} makes one)")
+    path = write_textfile(textfile, history, suite)
+    Output().out.print(f"wrote {path}")
+
+
+@handle_errors
+def exporter(
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port for /metrics.")] = 9733,
+    addr: Annotated[str, typer.Option("--addr", help="Address to listen on.")] = "0.0.0.0",
+    history: HistoryOpt = DEFAULT_HISTORY,
+    suite: SuiteOpt = None,
+) -> None:
+    """Serve the latest runs' metrics on http://ADDR:PORT/metrics (prometheus-client),
+    rereading the history on every scrape. Runs until interrupted."""
+    import threading
+
+    from kvdiag.export.prometheus import start_exporter
+
+    server, _ = start_exporter(port, history, addr=addr, suite=suite)
+    Output().info(f"kvdiag exporter on http://{addr}:{server.server_port}/metrics "
+                  f"(history {history}); Ctrl-C stops it")
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        server.shutdown()

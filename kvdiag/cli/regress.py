@@ -1,0 +1,204 @@
+"""kvdiag regress, kvdiag baseline update, kvdiag history: the weekly regression job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvdiag.cli.common import (
+    EXIT_ERROR,
+    EXIT_FAIL,
+    EXIT_PASS,
+    DeviceOpt,
+    DtypeOpt,
+    JsonOpt,
+    Output,
+    enable_engine_log,
+    handle_errors,
+)
+
+BaselineOpt = Annotated[Path, typer.Option("--baseline", help="Baseline file (JSON; one baseline "
+                                           "per engine, version, model, flags and suite).")]
+HistoryOpt = Annotated[Path, typer.Option("--history", help="Run history (SQLite).")]
+DEFAULT_BASELINE, DEFAULT_HISTORY = Path("reports/baselines.json"), Path("reports/history.sqlite")
+
+
+def _pairs(values: list[str] | None, option: str) -> dict:
+    out = {}
+    for v in values or []:
+        name, sep, value = v.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"{option} {v!r}: expected NAME=VALUE")
+        out[name.strip()] = value.strip()
+    return out
+
+
+@handle_errors
+def regress(
+    suite: Annotated[str, typer.Option("--suite", help="Suite YAML file or bundled name (weekly, smoke).")] = "weekly",
+    target: Annotated[str, typer.Option("--target", help="reference:ALLOCATOR (the in-process "
+                                        "reference engine) or the URL of an OpenAI-compatible server.")] = "reference:guarded",
+    model: Annotated[str | None, typer.Option("--model", help="reference: a local model directory "
+                                              "(default: the suite's, else the canary); URL: the "
+                                              "served model name (required).")] = None,
+    baseline: BaselineOpt = DEFAULT_BASELINE,
+    history: HistoryOpt = DEFAULT_HISTORY,
+    junit: Annotated[Path | None, typer.Option("--junit", help="Write JUnit XML here.")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory (default: "
+                                                 "reports/regress-<suite>-<time>).")] = None,
+    case: Annotated[list[str] | None, typer.Option("--case", help="Case to run (repeatable; default: "
+                                                   "the suite's default cases). A URL target runs one.")] = None,
+    tolerance: Annotated[list[str] | None, typer.Option("--tolerance", help="Override a tolerance, "
+                                                        "NAME=VALUE (e.g. bleu4=2).")] = None,
+    flag: Annotated[list[str] | None, typer.Option("--flag", help="URL targets: an extra baseline key "
+                                                   "flag, NAME=VALUE (e.g. tp=2).")] = None,
+    api_key: Annotated[str | None, typer.Option("--api-key", envvar="OPENAI_API_KEY", help="Bearer token.")] = None,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="URL targets: requests in flight.")] = 16,
+    device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run a suite against a target, compare every metric with the baseline of the same
+    engine, version, model, flags and suite under stated tolerances, append the run to the
+    history, and write the HTML report (with the trend over past runs) and JUnit XML.
+
+    Exit code: 0 pass; 1 a metric regressed or the run's own ground-truth check found
+    corruption (the metrics and rounds are named); 2 the run could not be made, or the
+    baseline file holds baselines of this suite but none with this run's key (a key
+    mismatch is reported, never compared). Without any baseline of the suite only the
+    ground-truth check gates.
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from kvdiag.regress import job
+    from kvdiag.regress.baselines import KeyMismatch
+    from kvdiag.regress.compare import Tolerances
+
+    out = Output(as_json)
+    opts = job.Options(suite=suite, target=target, model=model, cases=",".join(case) if case else None,
+                       baseline=baseline, history=history, junit=junit, out=out_dir,
+                       tolerances=Tolerances().with_overrides(tolerance or []), device=device,
+                       dtype=dtype, api_key=api_key, flags=_pairs(flag, "--flag"),
+                       concurrency=concurrency)
+    try:
+        prepared = job.prepare(opts)
+    except KeyMismatch as e:
+        _mismatch(out, e, opts)
+        raise typer.Exit(EXIT_ERROR) from None
+    if prepared.baseline is None:
+        out.warn(f"{baseline}: no baseline of suite {prepared.suite.name}; only the run's own "
+                 "ground-truth check gates (record one with `kvdiag baseline update RUN_DIR`)")
+    enable_engine_log()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=out.err, transient=True, disable=as_json) as bar:
+        task = bar.add_task(f"regress {prepared.target.spec}", total=None)
+        result = job.execute(prepared, opts, progress=lambda **kw: bar.update(task, **kw))
+    if as_json:
+        out.json({"verdict": result.verdict, "run_dir": str(result.run_dir), **result.summary["regress"]})
+    else:
+        _render(out, result)
+    raise typer.Exit(EXIT_PASS if result.verdict == "pass" else EXIT_FAIL)
+
+
+def _mismatch(out: Output, e, opts) -> None:
+    if opts.junit is not None:
+        from kvdiag.regress.junit import junit_xml, write_junit
+
+        write_junit(opts.junit, junit_xml(e.key.suite, opts.target, [], error=str(e),
+                                          properties={"key_id": e.key.id, "baseline_key_id": e.nearest.id}))
+    if out.as_json:
+        out.json({"verdict": "error", "error": "key mismatch", "differences": e.differences,
+                  "key": e.key.as_dict(), "baseline_key": e.nearest.as_dict()})
+    out.error(f"{e.path}: the baseline of suite {e.key.suite} has another key; nothing compared:")
+    for line in e.differences:
+        out.err.print(f"  {line}")
+
+
+def _render(out: Output, result) -> None:
+    from rich.table import Table
+
+    reg = result.summary["regress"]
+    table = Table(title=f"regress {reg['target']} · suite {result.summary['suite']}", title_justify="left")
+    for col in ("case", "series", "SQDR", "BRAI", "reuse", "leakage", "divergence"):
+        table.add_column(col, justify="left" if col in ("case", "series") else "right")
+    for case, m in reg["measurement"].items():
+        table.add_row(case, m["series"], *(("-" if v is None else f"{v:.4f}") for v in (
+            m["sqdr"], reg["brai"].get(case), m["block_reuse_rate"], m["attention_leakage"],
+            m["divergence_ratio"])))
+    out.out.print(table)
+    out.out.print(f"signature: {result.summary.get('signature')}")
+    base = reg["baseline"]
+    out.out.print(f"baseline: {base['run_id']} ({base['target']}, {base['created']}) key {base['key_id']}"
+                  if base else "baseline: none (ground-truth check only)")
+    if result.verdict == "pass":
+        out.out.print("[bold green]PASS[/] no regression")
+    else:
+        named = ", ".join(f"{m} (rounds {', '.join(map(str, r)) if r != [0] else 'whole run'})"
+                          for m, r in reg["regressed"].items())
+        out.out.print(f"[bold red]FAIL[/] regressed: {named or 'ground truth'}")
+        for c in reg["failed_checks"][:25]:
+            out.out.print(f"  {c['message']}")
+    out.out.print(f"run {result.run_id}: {result.run_dir}/report.html"
+                  + (f"; JUnit {result.junit}" if result.junit else ""))
+
+
+baseline_app = typer.Typer(help="Regression baselines.", no_args_is_help=True)
+
+
+@baseline_app.command("update")
+@handle_errors
+def baseline_update(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory made by `kvdiag regress`.")],
+    baseline: BaselineOpt = DEFAULT_BASELINE,
+    force: Annotated[bool, typer.Option("--force", help="Accept a run that failed its own "
+                                        "ground-truth check.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Make RUN_DIR the baseline of its key (engine, version, model, flags, suite), replacing
+    the one stored for that key; baselines of other keys stay."""
+    from kvdiag.regress import baselines as B
+
+    out = Output(as_json)
+    new = B.from_run(run_dir, force=force)
+    replaced, count = B.update(baseline, new)
+    if as_json:
+        out.json({"baseline": str(baseline), "key_id": new.key.id, "run_id": new.run_id,
+                  "replaced": replaced.run_id if replaced else None, "baselines": count})
+        return
+    was = f" (replacing run {replaced.run_id})" if replaced else ""
+    out.out.print(f"{baseline}: baseline of suite {new.key.suite} key {new.key.id} is now run "
+                  f"{new.run_id} ({new.target}){was}; {count} baseline(s) in the file")
+
+
+@handle_errors
+def history(
+    suite: Annotated[str | None, typer.Option("--suite", help="Only this suite.")] = None,
+    target: Annotated[str | None, typer.Option("--target", help="Only this target.")] = None,
+    last: Annotated[int, typer.Option("--last", min=1, help="The last N runs.")] = 20,
+    history_path: HistoryOpt = DEFAULT_HISTORY,
+    as_json: JsonOpt = False,
+) -> None:
+    """Past regression runs, oldest first: verdict, SQDR, BRAI, divergence and the key."""
+    import json as _json
+
+    from rich.table import Table
+
+    from kvdiag.regress import history as H
+
+    out = Output(as_json)
+    frame = H.runs(history_path, suite=suite, target=target, last=last)
+    columns = ["created", "run_id", "suite", "target", "engine", "engine_version", "model",
+               "verdict", "sqdr", "brai", "divergence_ratio", "key_id", "run_dir"]
+    if as_json:
+        out.json(_json.loads(frame[columns].to_json(orient="records")))
+        return
+    table = Table(title=f"{history_path}: {len(frame)} run(s)", title_justify="left")
+    for col in columns[:-1]:
+        table.add_column(col, justify="right" if col in ("sqdr", "brai", "divergence_ratio") else "left")
+    for row in frame.to_dict("records"):
+        cells = [("-" if row[c] is None or row[c] != row[c] else f"{row[c]:.4f}")
+                 if c in ("sqdr", "brai", "divergence_ratio") else str(row[c]) for c in columns[:-1]]
+        table.add_row(*cells, style="red" if row["verdict"] == "fail" else None)
+    out.out.print(table)

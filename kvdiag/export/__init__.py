@@ -1,0 +1,1 @@
+"""Publishing results: Prometheus metrics (textfile and HTTP exporter) from the run history."""

@@ -1,0 +1,144 @@
+"""Prometheus metrics from the run history: the latest run of each (suite, target, model),
+as a node_exporter textfile (written atomically) or from an HTTP exporter that rereads the
+history on every scrape.
+
+Labels follow vLLM's (`model_name`), plus `engine`, `suite` and `target` (one exporter
+serves a whole fleet, so the target tells two endpoints of the same model apart):
+
+    kvdiag_sqdr                          (pass rate@1 - pass rate@n) / n, main case
+    kvdiag_brai                          |block reuse rate - the guarded baseline's|
+    kvdiag_fact_check_pass_ratio{round}  per round
+    kvdiag_bleu4{round}                  per round, 0..100 as sacrebleu prints it
+    kvdiag_attention_leakage             mean attention mass on foreign slots (reference engine)
+    kvdiag_cache_divergence_ratio        requests whose output the cache changed / requests
+    kvdiag_block_reuse_ratio             blocks served from the prefix cache / blocks needed
+    kvdiag_regress_passed                1 pass, 0 the regression gate failed
+    kvdiag_last_run_timestamp_seconds    when the run was made
+    kvdiag_run_info                      1, with engine_version, run_id, signature
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from datetime import datetime
+from pathlib import Path
+
+LABELS = ("model_name", "engine", "suite", "target")
+TEXTFILE_NAME = "kvdiag.prom"
+RUN_GAUGES = {  # metric -> (history column, help)
+    "kvdiag_sqdr": ("sqdr", "Session quality decay rate: (fact-check pass rate at round 1 - at round n) / n."),
+    "kvdiag_brai": ("brai", "Block reuse anomaly index: |block reuse rate - the guarded baseline's|."),
+    "kvdiag_attention_leakage": ("attention_leakage", "Mean attention mass on foreign or unwritten KV slots per generated token."),
+    "kvdiag_cache_divergence_ratio": ("divergence_ratio", "Requests whose output the cache changed / requests."),
+    "kvdiag_block_reuse_ratio": ("block_reuse_rate", "Blocks served from the prefix cache / blocks the prompts need."),
+}
+ROUND_GAUGES = {
+    "kvdiag_fact_check_pass_ratio": ("fact_check_pass_rate", "Answers whose fact triple matches the knowledge base / answers checked, per round."),
+    "kvdiag_bleu4": ("bleu4", "BLEU-4 of the outputs against the ground truth's, per round (0-100)."),
+}
+
+
+def _value(v) -> float | None:
+    if v is None:
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+def latest_runs(history: Path, suite: str | None = None) -> list[dict]:
+    """The newest run of each (suite, target, model), with `rounds` of its main case."""
+    from kvdiag.regress import history as H
+
+    frame = H.runs(history, suite=suite)
+    if frame.empty:
+        return []
+    newest = frame.groupby(["suite", "target", "model"], sort=False).tail(1).to_dict("records")
+    rounds = H.rounds_of(history, [r["run_id"] for r in newest])
+    for run in newest:
+        mine = rounds[(rounds["run_id"] == run["run_id"]) & (rounds["case_name"] == run["main_case"])]
+        run["rounds"] = mine.to_dict("records")
+    return newest
+
+
+def _model_name(run: dict) -> str:
+    """The served name for live targets (so it joins vLLM's model_name); the model label
+    (<dir>-<sha8>) for the reference engine."""
+    model = str(run.get("model") or "")
+    return model.split("@", 1)[0] if run.get("engine") != "reference" else model
+
+
+class HistoryCollector:
+    """A prometheus_client collector over the history file (read on every collect)."""
+
+    def __init__(self, history: Path, suite: str | None = None) -> None:
+        self.history, self.suite = Path(history), suite
+
+    def describe(self):
+        return []  # no fixed description: the families depend on the history
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        runs = latest_runs(self.history, self.suite) if self.history.exists() else []
+        run_families = {name: GaugeMetricFamily(name, doc, labels=LABELS)
+                        for name, (_, doc) in RUN_GAUGES.items()}
+        round_families = {name: GaugeMetricFamily(name, doc, labels=(*LABELS, "round"))
+                          for name, (_, doc) in ROUND_GAUGES.items()}
+        passed = GaugeMetricFamily("kvdiag_regress_passed", "1 when the last regression run passed, 0 when it failed.", labels=LABELS)
+        stamp = GaugeMetricFamily("kvdiag_last_run_timestamp_seconds", "When the last regression run was made (Unix time).", labels=LABELS)
+        info = GaugeMetricFamily("kvdiag_run_info", "The last regression run: engine version, run id and signature.",
+                                 labels=(*LABELS, "engine_version", "run_id", "signature"))
+        for run in runs:
+            labels = [_model_name(run), str(run["engine"]), str(run["suite"]), str(run["target"])]
+            for name, (column, _) in RUN_GAUGES.items():
+                if (v := _value(run.get(column))) is not None:
+                    run_families[name].add_metric(labels, v)
+            for r in run["rounds"]:
+                for name, (column, _) in ROUND_GAUGES.items():
+                    if (v := _value(r.get(column))) is not None:
+                        round_families[name].add_metric([*labels, str(int(r["round"]))], v)
+            passed.add_metric(labels, 1.0 if run["verdict"] == "pass" else 0.0)
+            stamp.add_metric(labels, datetime.fromisoformat(run["created"]).timestamp())
+            info.add_metric([*labels, str(run["engine_version"]), str(run["run_id"]),
+                             str(run["signature"])], 1.0)
+        yield from run_families.values()
+        yield from round_families.values()
+        yield from (passed, stamp, info)
+
+
+def render(history: Path, suite: str | None = None) -> bytes:
+    """The exposition text (Prometheus text format 0.0.4)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(HistoryCollector(history, suite))
+    return generate_latest(registry)
+
+
+def write_textfile(directory: Path, history: Path, suite: str | None = None,
+                   name: str = TEXTFILE_NAME) -> Path:
+    """DIRECTORY/kvdiag.prom for node_exporter's textfile collector: written to a dot-file
+    the collector ignores, synced, then renamed over the old one (never read half-written)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    path, tmp = directory / name, directory / f".{name}.{os.getpid()}.tmp"
+    data = render(history, suite)
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def start_exporter(port: int, history: Path, addr: str = "0.0.0.0", suite: str | None = None):
+    """Serve /metrics on addr:port in a background thread; returns (server, thread)."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(HistoryCollector(history, suite))
+    return start_http_server(port, addr=addr, registry=registry)

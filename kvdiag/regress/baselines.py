@@ -1,0 +1,134 @@
+"""Baseline files: what a known-good run measured, keyed by engine, engine version, model
+hash, flags and suite (kvdiag.regress.keys). One JSON file may hold several baselines (one
+per key: a fleet of engines, several suites); teams commit it beside their CI config.
+
+    {"schema": 1, "baselines": [{"key": {...}, "key_id": "3f2a...", "target": "...",
+      "run_id": "...", "created": "...", "signature": "...", "cases": [...],
+      "measurement": {case: {...}}}]}     (measurement: kvdiag.regress.measure.measure)
+
+A lookup that finds baselines of the suite but none with the run's key raises
+KeyMismatch (exit 2): a run is never compared with a baseline of another engine, version,
+model or flag set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvdiag.errors import KvdiagError
+from kvdiag.regress.keys import BaselineKey
+
+SCHEMA = 1
+DEFAULT_PATH = Path("reports/baselines.json")
+
+
+class KeyMismatch(KvdiagError):
+    """The baseline file holds baselines of this suite, but none with the run's key."""
+
+    def __init__(self, path: Path, key: BaselineKey, nearest: BaselineKey, differences: list[str]):
+        self.path, self.key, self.nearest, self.differences = path, key, nearest, differences
+        super().__init__(f"{path}: no baseline of suite {key.suite} with this run's key "
+                         f"({'; '.join(differences)}); compare nothing, record a new baseline "
+                         "with `kvdiag baseline update RUN_DIR` if the change is intended")
+
+
+@dataclass(frozen=True)
+class Baseline:
+    key: BaselineKey
+    target: str
+    run_id: str
+    created: str
+    signature: str
+    cases: tuple[str, ...]
+    measurement: dict
+
+    def as_dict(self) -> dict:
+        return {"key": self.key.as_dict(), "key_id": self.key.id, "target": self.target,
+                "run_id": self.run_id, "created": self.created, "signature": self.signature,
+                "cases": list(self.cases), "measurement": self.measurement}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Baseline:
+        return cls(BaselineKey.from_dict(data["key"]), data["target"], data["run_id"],
+                   data["created"], data.get("signature", ""), tuple(data["cases"]),
+                   data["measurement"])
+
+
+def load(path: Path) -> list[Baseline]:
+    """Every baseline in the file; [] when it does not exist. ValueError names a bad file."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("schema") != SCHEMA:
+            raise ValueError(f"{path}: baseline schema {data.get('schema')!r}, this kvdiag reads {SCHEMA}")
+        return [Baseline.from_dict(b) for b in data["baselines"]]
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{path}: not a kvdiag baseline file ({type(e).__name__}: {e})") from None
+
+
+def save(path: Path, baselines: list[Baseline]) -> None:
+    """Written to a temporary name and renamed: a kill never leaves half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"schema": SCHEMA, "baselines": [b.as_dict() for b in baselines]},
+                              indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def find(path: Path, key: BaselineKey, cases: list[str]) -> Baseline | None:
+    """The baseline with exactly `key`; None when the file has none of the suite; raises
+    KeyMismatch when it has some of the suite but none with this key, or one that lacks a
+    case of the run."""
+    same_suite = [b for b in load(path) if b.key.suite == key.suite]
+    if not same_suite:
+        return None
+    for b in same_suite:
+        if b.key == key:
+            missing = [c for c in cases if c not in b.cases]
+            if missing:
+                raise KeyMismatch(path, key, b.key, [f"cases: baseline {', '.join(b.cases)}, "
+                                                     f"run {', '.join(cases)}"])
+            return b
+    nearest = min(same_suite, key=lambda b: len(b.key.differences(key)))
+    raise KeyMismatch(path, key, nearest.key, nearest.key.differences(key))
+
+
+def from_run(run_dir: Path, force: bool = False) -> Baseline:
+    """A baseline from a run directory made by `kvdiag regress` (its summary.json carries
+    the key and the measurement). Refuses a run whose own ground-truth check failed unless
+    `force`."""
+    summary_path = Path(run_dir) / "summary.json"
+    if not summary_path.is_file():
+        raise FileNotFoundError(f"{summary_path}: not found (is {run_dir} a kvdiag run directory?)")
+    try:
+        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{summary_path}: not valid JSON ({e})") from None
+    regress = summary.get("regress")
+    if not regress or "key" not in regress:
+        raise KvdiagError(f"{run_dir}: not made by `kvdiag regress` (summary.json has no baseline key)")
+    if regress.get("ground_truth_failures") and not force:
+        raise KvdiagError(f"{run_dir}: the run failed its own ground-truth check "
+                          f"({regress['ground_truth_failures'][0]}); pass --force to use it anyway")
+    return Baseline(BaselineKey.from_dict(regress["key"]), regress["target"], regress["run_id"],
+                    summary.get("created", ""), summary.get("signature", ""),
+                    tuple(regress["measurement"]), regress["measurement"])
+
+
+def update(path: Path, baseline: Baseline) -> tuple[Baseline | None, int]:
+    """Store `baseline`, replacing the one with the same key; returns (replaced, count)."""
+    kept, replaced = [], None
+    for b in load(path):
+        if b.key == baseline.key:
+            replaced = b
+        else:
+            kept.append(b)
+    kept.append(baseline)
+    save(path, kept)
+    return replaced, len(kept)

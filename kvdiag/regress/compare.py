@@ -1,0 +1,149 @@
+"""A run against its baseline, metric by metric and round by round, under stated tolerances;
+and the run's own ground-truth check, which needs no baseline.
+
+Tolerances (defaults; `kvdiag regress --tolerance NAME=VALUE` overrides one):
+
+    metric                     per     regressed when                       default
+    sqdr                       run     sqdr > baseline + tol                0.005 (SQDR_HEALTHY)
+    brai                       run and |reuse - baseline reuse| > tol       0.05  (BRAI_ALERT)
+                               round
+    fact_check_pass_rate       round   rate < baseline - tol                0.02
+    bleu4                      round   BLEU-4 < baseline - tol (points)     1.0
+    attention_leakage          round   leakage > baseline + tol             0.0001
+    divergence_ratio           round   ratio > baseline + tol               0.02
+    foreign_slots, unwritten_  round   count > baseline + tol               0
+    slots, nonfinite_logits
+
+The reference engine is exact, so a guarded run matches its baseline to the last digit;
+the tolerances leave room for a live server's numerics between weekly runs (one answer in
+fifty per round) while a single corrupted answer per round on 50+ sessions still shows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+
+from kvdiag.metrics.decay import SQDR_HEALTHY
+from kvdiag.metrics.reuse import BRAI_ALERT
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    sqdr: float = SQDR_HEALTHY
+    brai: float = BRAI_ALERT
+    fact_check_pass_rate: float = 0.02
+    bleu4: float = 1.0
+    attention_leakage: float = 1e-4
+    divergence_ratio: float = 0.02
+    slots: float = 0.0  # foreign_slots, unwritten_slots, nonfinite_logits
+
+    def with_overrides(self, specs: list[str]) -> Tolerances:
+        """NAME=VALUE strings -> a copy; ValueError names an unknown or bad one."""
+        names = {f.name for f in fields(self)}
+        changes = {}
+        for spec in specs:
+            name, _, value = spec.partition("=")
+            if name.strip() not in names:
+                raise ValueError(f"--tolerance {spec}: unknown metric (known: {', '.join(sorted(names))})")
+            try:
+                changes[name.strip()] = float(value)
+            except ValueError:
+                raise ValueError(f"--tolerance {spec}: {value!r} is not a number") from None
+        return replace(self, **changes)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# metric -> (direction: +1 higher is worse / -1 lower is worse, tolerance field)
+ROUND_CHECKS = {
+    "fact_check_pass_rate": (-1, "fact_check_pass_rate"),
+    "bleu4": (-1, "bleu4"),
+    "attention_leakage": (+1, "attention_leakage"),
+    "divergence_ratio": (+1, "divergence_ratio"),
+    "foreign_slots": (+1, "slots"),
+    "unwritten_slots": (+1, "slots"),
+    "nonfinite_logits": (+1, "slots"),
+}
+
+
+@dataclass(frozen=True)
+class Check:
+    case: str
+    metric: str
+    round: int | None  # None: the whole run
+    value: float | None
+    baseline: float | None
+    limit: float | None  # the worst value still passing
+    passed: bool
+    message: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else f"{v:.4g}"
+
+
+def _check(case, metric, rnd, value, baseline, direction, tol) -> Check | None:
+    if value is None or baseline is None:
+        return None
+    limit = baseline + direction * tol
+    passed = value <= limit + 1e-12 if direction > 0 else value >= limit - 1e-12
+    where = f"round {rnd}: " if rnd is not None else ""
+    message = "" if passed else (f"{case}: {where}{metric} = {_fmt(value)} (baseline {_fmt(baseline)}, "
+                                 f"{'max' if direction > 0 else 'min'} {_fmt(limit)})")
+    return Check(case, metric, rnd, value, baseline, limit, passed, message)
+
+
+def compare(measured: dict, baseline: dict, tol: Tolerances = Tolerances()) -> list[Check]:
+    """Every check of every case the baseline holds (measure() dicts on both sides)."""
+    from kvdiag.regress.measure import brai_against
+
+    brais = brai_against(measured, baseline)
+    checks: list[Check | None] = []
+    for case, m in measured.items():
+        base = baseline.get(case)
+        if base is None:
+            continue
+        checks.append(_check(case, "sqdr", None, m["sqdr"], base["sqdr"], +1, tol.sqdr))
+        checks.append(_check(case, "brai", None, brais[case]["brai"], 0.0, +1, tol.brai))
+        base_rounds = {r["round"]: r for r in base["rounds"]}
+        for r in m["rounds"]:
+            b = base_rounds.get(r["round"])
+            if b is None:
+                continue
+            checks.append(_check(case, "brai", r["round"], brais[case]["rounds"].get(r["round"]),
+                                 0.0, +1, tol.brai))
+            for metric, (direction, tol_name) in ROUND_CHECKS.items():
+                checks.append(_check(case, metric, r["round"], r.get(metric), b.get(metric),
+                                     direction, getattr(tol, tol_name)))
+    return [c for c in checks if c is not None]
+
+
+def ground_truth(summary: dict, allocator: str | None) -> list[Check]:
+    """The run's own verdict against its in-run ground truth, one check per case: the guard
+    gate or the fault findings of a reference allocator (vs the contiguous reference), or
+    the probe's corruption rounds (vs cache_salt-isolated runs)."""
+    out = []
+    for case in summary.get("cases", []):
+        if allocator is None:
+            rounds = summary.get("corruption_rounds", [])
+            failures = [f"round {r}: output changed beyond the noise floor (corruption)" for r in rounds]
+        else:
+            key = f"{case}/{allocator}"
+            gate = summary.get("gates", {}).get(key)
+            failures = list(gate["failures"]) if gate else list(summary.get("faults", {}).get(key, []))
+        out.append(Check(case, "ground_truth", None, float(len(failures)), 0.0, 0.0, not failures,
+                         "; ".join(f"{case}: {f}" for f in failures[:20])))
+    return out
+
+
+def regressed_rounds(checks: list[Check]) -> dict[str, list[int]]:
+    """metric -> the rounds where it regressed (a run-level failure counts as round 0)."""
+    out: dict[str, set[int]] = {}
+    for c in checks:
+        if not c.passed:
+            out.setdefault(c.metric, set()).add(c.round or 0)
+    return {k: sorted(v) for k, v in out.items()}

@@ -1,0 +1,181 @@
+"""One regression run, start to finish (what `kvdiag regress` does), as library calls:
+
+    prepare()   load the suite, parse the target, build the baseline key and find the
+                baseline -- a key mismatch raises KeyMismatch here, before anything runs
+    execute()   run the suite (reference engine or live probe), write the run directory,
+                measure the series under test, compare with the baseline, append the run
+                to the history (one transaction), write the HTML report with the trend
+                and the JUnit XML
+
+Returns data; the CLI renders it and chooses the exit code.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvdiag.errors import KvdiagError
+from kvdiag.regress import baselines as B
+from kvdiag.regress import history as H
+from kvdiag.regress.compare import Check, Tolerances, compare, ground_truth, regressed_rounds
+from kvdiag.regress.keys import BaselineKey, Target, endpoint_key, parse_target, reference_key
+
+
+@dataclass
+class Options:
+    suite: str
+    target: str
+    model: str | None = None
+    cases: str | None = None
+    baseline: Path = B.DEFAULT_PATH
+    history: Path = H.DEFAULT_PATH
+    junit: Path | None = None
+    out: Path | None = None
+    tolerances: Tolerances = field(default_factory=Tolerances)
+    device: str = "cpu"
+    dtype: str | None = None
+    api_key: str | None = None
+    flags: dict = field(default_factory=dict)
+    concurrency: int = 16
+
+
+@dataclass
+class Prepared:
+    suite: object  # kvdiag.suites.Suite
+    cases: list
+    target: Target
+    key: BaselineKey
+    baseline: B.Baseline | None
+    model_dir: Path | None
+
+
+@dataclass
+class Result:
+    run_dir: Path
+    run_id: str
+    summary: dict
+    verdict: str
+    checks: list[Check]
+    baseline: B.Baseline | None
+    regressed: dict[str, list[int]]
+    report: Path
+    junit: Path | None
+
+
+def prepare(opts: Options) -> Prepared:
+    from kvdiag.paths import CANARY
+    from kvdiag.suites import load_suite
+
+    suite = load_suite(opts.suite)
+    target = parse_target(opts.target)
+    cases = suite.select(opts.cases)
+    if not cases:
+        raise KvdiagError(f"{suite.path}: no case selected by {opts.cases!r}")
+    if target.is_reference:
+        model_dir = Path(opts.model or suite.model or CANARY)
+        if not model_dir.is_dir():
+            raise KvdiagError(f"--model {model_dir}: not a model directory")
+        key = reference_key(suite, model_dir, opts.device, opts.dtype)
+    else:
+        model_dir = None
+        if not opts.model:
+            raise KvdiagError(f"--target {target.url}: --model NAME (as the server serves it) is required")
+        if len(cases) > 1:
+            raise KvdiagError(f"--target {target.url}: a live server runs one case at a time "
+                              f"(give --case, one of: {', '.join(c.name for c in cases)})")
+        key = endpoint_key(suite, target.url, opts.model, opts.api_key, opts.flags)
+    baseline = B.find(opts.baseline, key, [c.name for c in cases])
+    return Prepared(suite, cases, target, key, baseline, model_dir)
+
+
+def _run(p: Prepared, opts: Options, run_dir: Path, progress: Callable[..., None]):
+    if p.target.is_reference:
+        from kvdiag.pipeline import run_suite, total_requests
+
+        names = [p.target.allocator]
+        progress(total=total_requests(p.suite, p.cases, names), completed=0)
+        run = run_suite(p.suite, p.cases, allocators=names, model=p.model_dir, device=opts.device,
+                        dtype=opts.dtype, progress=lambda n: progress(advance=n),
+                        on_case=lambda name: progress(description=f"case {name}"))
+        return run.frame, run.summary
+    from kvdiag.runners.probe import ProbeSettings
+    from kvdiag.runners.probe_run import run_probe
+
+    return run_probe(p.target.url, opts.model, p.suite, p.cases[0], run_dir, api_key=opts.api_key,
+                     settings=ProbeSettings(concurrency=opts.concurrency),
+                     progress=lambda phase, done, total: progress(description=phase, completed=done,
+                                                                   total=total))
+
+
+def execute(p: Prepared, opts: Options, progress: Callable[..., None] = lambda **_: None) -> Result:
+    from kvdiag import __version__
+    from kvdiag.regress.measure import brai_against, main_case, measure
+    from kvdiag.report.html import write_report
+    from kvdiag.runs import Timer, command_line, new_run_dir, now_iso, write_run
+
+    timer = Timer()
+    run_dir = new_run_dir(opts.out, f"regress-{p.suite.name}")
+    frame, summary = _run(p, opts, run_dir, progress)
+    summary |= {"wall_seconds": round(timer.seconds, 2), "command": command_line(), "created": now_iso()}
+    write_run(run_dir, frame, summary)  # what was measured is on disk before anything else
+
+    measured = measure(frame, p.target.allocator)
+    base = p.baseline.measurement if p.baseline else None
+    checks = ground_truth(summary, p.target.allocator)
+    if base is not None:
+        checks += compare(measured, base, opts.tolerances)
+    brais = brai_against(measured, base)
+    verdict = "pass" if all(c.passed for c in checks) else "fail"
+    main = main_case(measured)
+    run_id = H.unique_run_id(opts.history, run_dir.resolve().name)
+    if base is None:  # no baseline: the in-run guarded series' reuse, when there is one
+        for case, b in brais.items():
+            b["brai"] = summary.get("by_case", {}).get(case, {}).get("brai", {}).get(
+                measured[case]["series"])
+    run_brai = brais[main]["brai"]
+    summary["regress"] = {
+        "run_id": run_id, "target": p.target.spec, "verdict": verdict, "key": p.key.as_dict(),
+        "key_id": p.key.id, "tolerances": opts.tolerances.as_dict(), "measurement": measured,
+        "brai": {c: b["brai"] for c, b in brais.items()},
+        "baseline": None if p.baseline is None else {
+            "path": str(opts.baseline), "run_id": p.baseline.run_id, "target": p.baseline.target,
+            "created": p.baseline.created, "key_id": p.baseline.key.id},
+        "regressed": regressed_rounds([c for c in checks if c.metric != "ground_truth"]),
+        "ground_truth_failures": [c.message for c in checks if c.metric == "ground_truth" and not c.passed],
+        "failed_checks": [c.as_dict() for c in checks if not c.passed],
+    }
+    write_run(run_dir, frame, summary)
+
+    m = measured[main]
+    row = {"run_id": run_id, "created": summary["created"], "suite": p.suite.name,
+           "target": p.target.spec, "series": m["series"], "engine": p.key.engine,
+           "engine_version": p.key.engine_version, "model": p.key.model, "key_id": p.key.id,
+           "key_json": json.dumps(p.key.as_dict(), sort_keys=True),
+           "baseline_key_id": p.baseline.key.id if p.baseline else None,
+           "signature": summary.get("signature"), "verdict": verdict,
+           "run_verdict": summary.get("verdict"), "main_case": main, "sqdr": m["sqdr"],
+           "brai": run_brai, "block_reuse_rate": m["block_reuse_rate"],
+           "attention_leakage": m["attention_leakage"], "divergence_ratio": m["divergence_ratio"],
+           "wall_seconds": summary["wall_seconds"], "run_dir": str(run_dir.resolve()),
+           "command": summary["command"], "kvdiag_version": __version__}
+    rounds = [{"case": case, **r, "brai": brais[case]["rounds"].get(r["round"])}
+              for case, cm in measured.items() for r in cm["rounds"]]
+    if base is None and p.target.allocator and p.target.allocator.startswith("guarded"):
+        rounds = [{**r, "brai": 0.0} for r in rounds]  # the guard is its own expected reuse
+    H.append(opts.history, row, rounds, [c.as_dict() for c in checks if not c.passed])
+    report = write_report(run_dir, history=H.runs(opts.history, suite=p.suite.name, last=52))
+
+    junit = None
+    if opts.junit is not None:
+        from kvdiag.regress.junit import junit_xml, write_junit
+
+        props = {"signature": summary.get("signature"), "key_id": p.key.id,
+                 "baseline": p.baseline.run_id if p.baseline else "(none)", "run_dir": str(run_dir)}
+        junit = write_junit(opts.junit, junit_xml(p.suite.name, p.target.spec,
+                                                  [c.as_dict() for c in checks],
+                                                  seconds=timer.seconds, properties=props))
+    return Result(run_dir, run_id, summary, verdict, checks, p.baseline,
+                  summary["regress"]["regressed"], report, junit)

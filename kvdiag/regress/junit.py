@@ -1,0 +1,51 @@
+"""JUnit XML for CI systems: one <testsuite> per regression run, one <testcase> per case and
+metric (the baseline key and the run's own ground-truth check included), a <failure> naming
+every regressed round."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def junit_xml(suite: str, target: str, checks: list[dict], *, seconds: float = 0.0,
+              properties: dict | None = None, error: str | None = None) -> bytes:
+    """`checks`: Check.as_dict() rows. `error` (a key mismatch, a failed run) becomes one
+    <testcase> with an <error>."""
+    import xml.etree.ElementTree as ET
+
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for c in checks:
+        groups.setdefault((c["case"], c["metric"]), []).append(c)
+    failed = sum(1 for rows in groups.values() if not all(r["passed"] for r in rows))
+    root = ET.Element("testsuites")
+    ts = ET.SubElement(root, "testsuite", name=f"kvdiag.regress.{suite}",
+                       tests=str(len(groups) + (1 if error else 0)), failures=str(failed),
+                       errors=str(1 if error else 0), skipped="0", time=f"{seconds:.2f}")
+    if properties:
+        props = ET.SubElement(ts, "properties")
+        for name, value in properties.items():
+            ET.SubElement(props, "property", name=str(name), value=str(value))
+    classname = f"kvdiag.{suite}.{target}"
+    if error:
+        tc = ET.SubElement(ts, "testcase", classname=classname, name="baseline key", time="0")
+        ET.SubElement(tc, "error", message=error.splitlines()[0][:500], type="KeyMismatch").text = error
+    for (case, metric), rows in groups.items():
+        tc = ET.SubElement(ts, "testcase", classname=classname, name=f"{case}/{metric}", time="0")
+        bad = [r for r in rows if not r["passed"]]
+        if bad:
+            rounds = sorted({r["round"] for r in bad if r["round"] is not None})
+            where = f"rounds {rounds}" if rounds else "whole run"
+            ET.SubElement(tc, "failure", message=f"{metric} regressed in {case}: {where}",
+                          type="Regression").text = "\n".join(r["message"] for r in bad)
+    ET.indent(root)
+    return ET.tostring(root, encoding="utf-8", xml_declaration=True)
+
+
+def write_junit(path: Path, data: bytes) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,173 @@
+"""What a regression baseline is keyed by: the engine's name and version, the model's hash,
+the flags that change what the cache does, and the suite (its name and a digest of its
+file). A run is compared only with a baseline of the same key; the allocator under test is
+not part of the key, so a faulty allocator is measured against the guarded baseline.
+
+    reference target   engine "reference", version = kvdiag's, model = <dir>-<sha8 of
+                       config.json + weights>, flags = block size, max_num_seqs, device,
+                       dtype, prefix caching
+    URL target         engine and version from the server (/version for vLLM, the OpenAPI
+                       title otherwise), model = <served name>@<sha8 of its /v1/models
+                       entry> (weights cannot be hashed from outside), flags = the labels
+                       of vLLM's cache_config_info metric plus any --flag KEY=VALUE
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from kvdiag.errors import KvdiagError
+
+CACHE_FLAGS = ("block_size", "cache_dtype", "enable_prefix_caching", "prefix_caching_hash_algo",
+               "kv_cache_dtype", "sliding_window", "calculate_kv_scales")
+
+
+@dataclass(frozen=True)
+class BaselineKey:
+    engine: str
+    engine_version: str
+    model: str
+    suite: str
+    suite_sha: str
+    flags: dict = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        """sha256 of the canonical JSON, 12 hex digits: the key in one word."""
+        blob = json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> BaselineKey:
+        return cls(**{k: data[k] for k in ("engine", "engine_version", "model", "suite", "suite_sha")},
+                   flags=dict(data.get("flags") or {}))
+
+    def differences(self, other: BaselineKey) -> list[str]:
+        """'field: baseline X, run Y' for every field that differs (flags one by one)."""
+        out = []
+        for name in ("engine", "engine_version", "model", "suite", "suite_sha"):
+            mine, theirs = getattr(other, name), getattr(self, name)
+            if mine != theirs:
+                out.append(f"{name}: baseline {theirs}, run {mine}")
+        for flag in sorted(set(self.flags) | set(other.flags)):
+            mine, theirs = other.flags.get(flag, "(unset)"), self.flags.get(flag, "(unset)")
+            if str(mine) != str(theirs):
+                out.append(f"flag {flag}: baseline {theirs}, run {mine}")
+        return out
+
+
+@dataclass(frozen=True)
+class Target:
+    """`reference:ALLOCATOR` (the in-process engine) or an http(s) URL (a live server)."""
+
+    spec: str
+    url: str | None = None
+    allocator: str | None = None
+
+    @property
+    def is_reference(self) -> bool:
+        return self.url is None
+
+
+def parse_target(spec: str) -> Target:
+    if spec.startswith(("http://", "https://")):
+        return Target(spec.rstrip("/"), url=spec.rstrip("/"))
+    if spec == "reference" or spec.startswith("reference:"):
+        from reference_engine import allocators
+        from reference_engine.errors import UnknownAllocatorError
+
+        name = spec.split(":", 1)[1] if ":" in spec else "guarded"
+        try:
+            allocators.canonical_name(name)
+        except UnknownAllocatorError as e:
+            raise KvdiagError(f"--target {spec}: {e}") from None
+        return Target(f"reference:{name}", allocator=name)
+    raise KvdiagError(f"--target {spec!r}: expected reference:ALLOCATOR or an http(s):// URL")
+
+
+def suite_sha(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:8]
+
+
+def reference_key(suite, model_dir: Path, device: str, dtype: str | None) -> BaselineKey:
+    from kvdiag import __version__
+    from kvdiag.runs import model_label
+
+    flags = {"block_size": suite.block_size, "max_num_seqs": suite.max_num_seqs, "device": device,
+             "dtype": dtype or ("float32" if device == "cpu" else "bfloat16"),
+             "enable_prefix_caching": True}
+    return BaselineKey("reference", __version__, model_label(model_dir), suite.name,
+                       suite_sha(suite.path), flags)
+
+
+def endpoint_key(suite, base_url: str, model: str, api_key: str | None = None,
+                 extra_flags: dict | None = None) -> BaselineKey:
+    """Ask the server who it is; raises EndpointError when it cannot be reached."""
+    from kvdiag.runners.endpoint import Endpoint
+
+    endpoint = Endpoint(base_url, model, api_key, retries=2)
+    try:
+        endpoint.check()
+        engine, version = _engine_identity(endpoint)
+        flags = _cache_flags(endpoint) | {k: str(v) for k, v in (extra_flags or {}).items()}
+        entry = _model_entry(endpoint)
+    finally:
+        endpoint.sync.close()
+    sha = hashlib.sha256(json.dumps(entry, sort_keys=True).encode()).hexdigest()[:8]
+    return BaselineKey(engine, version, f"{model}@{sha}", suite.name, suite_sha(suite.path), flags)
+
+
+def _json(endpoint, path: str) -> dict | None:
+    try:
+        r = endpoint._sync("GET", path)
+        return r.json() if r.status_code == 200 else None
+    except (ValueError, KvdiagError):
+        return None
+
+
+def _engine_identity(endpoint) -> tuple[str, str]:
+    version = _json(endpoint, "/version")
+    if version and "version" in version:  # vLLM
+        return "vllm", str(version["version"])
+    info = (_json(endpoint, "/openapi.json") or {}).get("info") or {}
+    title = str(info.get("title", "")).lower()
+    if "kvdiag" in title:
+        return "kvdiag-serve", str(info.get("version", "unknown"))
+    sglang = _json(endpoint, "/get_server_info")
+    if sglang and "version" in sglang:
+        return "sglang", str(sglang["version"])
+    return (title or "unknown"), str(info.get("version", "unknown"))
+
+
+def _cache_flags(endpoint) -> dict:
+    """The labels of vLLM's `vllm:cache_config_info` gauge that change what the cache does."""
+    try:
+        r = endpoint._sync("GET", "/metrics")
+    except KvdiagError:
+        return {}
+    if r.status_code != 200:
+        return {}
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        for family in text_string_to_metric_families(r.text):
+            if family.name in ("vllm:cache_config_info", "vllm_cache_config_info"):
+                labels = family.samples[0].labels if family.samples else {}
+                return {k: str(v) for k, v in labels.items() if k in CACHE_FLAGS}
+    except ValueError:
+        return {}
+    return {}
+
+
+def _model_entry(endpoint) -> dict:
+    data = _json(endpoint, "/v1/models") or {}
+    for entry in data.get("data", []):
+        if entry.get("id") == endpoint.model:
+            return {k: entry.get(k) for k in ("id", "root", "max_model_len")}
+    return {"id": endpoint.model}
