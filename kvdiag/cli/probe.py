@@ -30,6 +30,9 @@ def probe(
                                                    "as numerics, not corruption.")] = 1.0,
     floor_sessions: Annotated[int, typer.Option("--floor-sessions", min=1, help="Sessions whose isolated "
                                                 "rounds are repeated to measure the noise floor.")] = 4,
+    count_with: Annotated[str, typer.Option("--count-with", help="How to count prompt tokens while "
+                                            "planning: tokenize (vLLM's /tokenize; falls back to usage "
+                                            "on 404) or usage (usage.prompt_tokens of 1-token requests).")] = "tokenize",
     resume: Annotated[Path | None, typer.Option("--resume", help="Finish an interrupted probe in this "
                                                 "run directory.")] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory (default: reports/probe-<suite>-<time>).")] = None,
@@ -71,6 +74,7 @@ def probe(
 
         frame, summary = run_probe(base_url, model, loaded, chosen, run_dir, api_key=api_key,
                                    settings=settings, resume=resume is not None, warn=out.warn,
+                                   count_with=count_with,
                                    progress=progress)
     summary |= {"wall_seconds": round(timer.seconds, 2), "command": command_line(), "created": now_iso()}
     shared_rows = frame[frame["allocator"] == "shared"]

@@ -101,6 +101,22 @@ class Endpoint:
             self._count_cache[key] = r.json()["tokens"]
         return self._count_cache[key]
 
+    def count_by_usage(self, messages: list[dict] | None = None, prompt: str | None = None) -> int:
+        """Fallback when the server has no /tokenize: the prompt token count that a one-token
+        request reports in usage.prompt_tokens (the prefix cache makes repeats cheap)."""
+        key = json.dumps(["usage", messages, prompt])
+        if key not in self._count_cache:
+            if messages is not None:
+                body = {"model": self.model, "messages": messages, "max_tokens": 1, "temperature": 0.0}
+                r = self._sync("POST", "/v1/chat/completions", json=body)
+            else:
+                body = {"model": self.model, "prompt": prompt, "max_tokens": 1, "temperature": 0.0}
+                r = self._sync("POST", "/v1/completions", json=body)
+            if r.status_code != 200 or "usage" not in r.json():
+                raise EndpointError(f"cannot count tokens: no /tokenize and usage answered HTTP {r.status_code}")
+            self._count_cache[key] = [0] * int(r.json()["usage"]["prompt_tokens"])
+        return len(self._count_cache[key])
+
     def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
         r = self._sync("POST", "/tokenize", json={"model": self.model, "prompt": text,
                                                   "add_special_tokens": add_special_tokens})

@@ -40,7 +40,7 @@ def system_prompt(style: str, tokenizer, tokens: int, seed: int) -> str | None:
         return None
     rend, rng = renderer(style), random.Random(f"system:{seed}")
     words = rend.filler(rng, tokens, [])
-    while len(tokenizer.encode_chat([{"role": "system", "content": " ".join(words)}], False)) > tokens:
+    while len(tokenizer.encode_chat([{"role": "system", "content": " ".join(words)}])) > tokens:
         words.pop()
     return " ".join(words)
 

@@ -26,6 +26,7 @@ def plan_sha(plan) -> str:
 def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path, *,
               api_key: str | None = None, settings: P.ProbeSettings | None = None,
               resume: bool = False, warn: Callable[[str], None] = lambda _m: None,
+              count_with: str = "tokenize",
               progress: Callable[[str, int, int], None] | None = None):
     """Returns (records DataFrame, summary dict without command/created/wall time)."""
     import pandas as pd
@@ -35,6 +36,8 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
     from kvdiag.runs import signature
 
     settings = settings or P.ProbeSettings()
+    if count_with not in ("tokenize", "usage"):
+        raise KvdiagError(f"--count-with must be tokenize or usage, got {count_with!r}")
     endpoint = P.Endpoint(base_url, model, api_key)
     endpoint.check()
     meta_path = run_dir / "probe.json"
@@ -43,7 +46,10 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
         if not meta_path.is_file():
             raise KvdiagError(f"{run_dir}: not a probe run directory (no probe.json)")
         meta = json.loads(meta_path.read_text())
-    plan = plan_case(suite, case, P.RemoteTokenizer(endpoint))
+    tokenizer = P.RemoteTokenizer(endpoint, use_usage=count_with == "usage")
+    plan = plan_case(suite, case, tokenizer)
+    if tokenizer.use_usage:
+        warn("counting tokens by usage.prompt_tokens (no /tokenize): planning sends one-token requests")
     salted, why = endpoint.salt_supported()
     if not salted:
         if not endpoint.reset_prefix_cache():

@@ -112,3 +112,20 @@ def test_schema_fuzzing_finds_no_server_error(server):
     assert len(calls) >= 100
     assert not failures, failures[:3]
     assert httpx.get(server + "/health").status_code == 200
+
+
+def test_probe_plans_the_same_lengths_by_usage_as_by_tokenize(server):
+    """Without /tokenize the probe counts with usage.prompt_tokens: same schedule."""
+    import dataclasses
+
+    from kvdiag.runners.endpoint import Endpoint
+    from kvdiag.runners.plan import plan_case
+    from kvdiag.runners.probe import RemoteTokenizer
+    from kvdiag.suites import load_suite
+
+    suite = load_suite("smoke")
+    case = dataclasses.replace(suite.cases[0], sessions=2, rounds=4)
+    by_tokenize = plan_case(suite, case, RemoteTokenizer(Endpoint(server, "canary")))
+    by_usage = plan_case(suite, case, RemoteTokenizer(Endpoint(server, "canary"), use_usage=True))
+    assert by_usage.schedule.prompt_lengths == by_tokenize.schedule.prompt_lengths
+    assert by_usage.schedule.answer_lengths == by_tokenize.schedule.answer_lengths
