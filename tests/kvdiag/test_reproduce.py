@@ -3,7 +3,6 @@ decaying, and the gate's exit codes (CliRunner and a real subprocess)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 

@@ -1,0 +1,90 @@
+"""What the SequenceGuard costs: the same sessions through the paged engine with the
+`stale-hash` allocator and with `guarded` (SequenceGuard around stale-hash), in one run;
+plus what capture mode (attention leakage) costs against plain mode.
+
+Each configuration runs `--repeats` times, interleaved, and the best wall time counts.
+Ratios are throughput ratios (guarded / stale-hash, etc.), so 0.99 means a 1 % cost.
+
+On the trigger case the two do different work: stale-hash serves stale blocks instead of
+recomputing them. The big-pool case (nothing recycled, so nothing stale) gives the guard's
+pure bookkeeping cost on identical work, and guarded vs prefix-cache on the trigger gives
+it with recycling.
+
+    python benchmarks/guard_overhead.py [--suite reproduce] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def run(checkpoint, plan, allocator: str, capture: bool) -> tuple[float, int]:
+    from kvdiag.runners.reference import _engine_config
+    from reference_engine.engine import LLMEngine
+    from reference_engine.sessions import run_sessions
+
+    config = _engine_config(plan, allocator, "cpu", None)
+    config = type(config)(**{**config.__dict__, "capture_attention": capture})
+    engine = LLMEngine(checkpoint, config)
+    t0 = time.perf_counter()
+    turns = run_sessions(engine, list(range(len(plan.sessions))),
+                         lambda s, r, _t: plan.prompts[s][r] if r < plan.case.rounds else None,
+                         max_tokens=plan.case.max_tokens, think_steps=plan.schedule.think)
+    seconds = time.perf_counter() - t0
+    tokens = sum(t.num_prompt_tokens - t.stats.cached_tokens + len(t.output_ids)
+                 for ts in turns.values() for t in ts)
+    return seconds, tokens
+
+
+def main() -> int:
+    from kvdiag.runners.plan import plan_case
+    from kvdiag.suites import load_suite
+    from reference_engine.loader import load_checkpoint
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--suite", default="reproduce")
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    suite = load_suite(args.suite)
+    checkpoint = load_checkpoint(suite.model or "fixtures/canary")
+    plans = {name: plan_case(suite, suite.case(name) if name != "big-pool" else _big_pool(suite),
+                             checkpoint.tokenizer) for name in ("trigger", "big-pool")}
+    configs = [("trigger", "stale-hash", True), ("trigger", "guarded", True),
+               ("trigger", "prefix-cache", True), ("big-pool", "stale-hash", True),
+               ("big-pool", "guarded", True), ("trigger", "guarded", False)]
+    best: dict[tuple, float] = {}
+    for _ in range(args.repeats):
+        for case, alloc, capture in configs:
+            seconds, _tokens = run(checkpoint, plans[case], alloc, capture)
+            key = (case, alloc, capture)
+            best[key] = min(best.get(key, float("inf")), seconds)
+    for key, seconds in best.items():
+        print(f"{key[0]:9s} {key[1]:13s} capture={'on ' if key[2] else 'off'}  best {seconds:6.2f} s")
+
+    def ratio(a, b):
+        return best[b] / best[a]  # throughput of a relative to b (same requests)
+
+    print(f"guarded / stale-hash throughput, trigger (different work): "
+          f"{ratio(('trigger', 'guarded', True), ('trigger', 'stale-hash', True)):.3f}")
+    print(f"guarded / stale-hash throughput, big-pool (identical work): "
+          f"{ratio(('big-pool', 'guarded', True), ('big-pool', 'stale-hash', True)):.3f}")
+    print(f"guarded / prefix-cache throughput, trigger (identical work): "
+          f"{ratio(('trigger', 'guarded', True), ('trigger', 'prefix-cache', True)):.3f}")
+    print(f"capture / plain throughput, guarded, trigger: "
+          f"{ratio(('trigger', 'guarded', True), ('trigger', 'guarded', False)):.3f}")
+    return 0
+
+
+def _big_pool(suite):
+    import dataclasses
+
+    return dataclasses.replace(suite.case("trigger"), name="big-pool", condition="big-pool")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
