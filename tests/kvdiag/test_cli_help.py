@@ -1,0 +1,43 @@
+"""`kvdiag --help` stays instant (no heavy import at start-up) and every command explains
+its options."""
+
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from kvdiag.cli import app
+
+HEAVY = ("torch", "pandas", "spacy", "matplotlib", "transformers", "sacrebleu", "vllm", "fastapi")
+
+
+def test_help_imports_nothing_heavy():
+    code = ("import sys; from kvdiag.cli import app; from typer.testing import CliRunner; "
+            "r = CliRunner().invoke(app, ['--help']); assert r.exit_code == 0; "
+            f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def _commands():
+    import typer.main
+
+    group = typer.main.get_command(app)
+    return sorted(group.commands.items())
+
+
+@pytest.mark.parametrize("name,command", _commands())
+def test_every_command_explains_its_options(name, command):
+    import click
+
+    result = CliRunner().invoke(app, [name, "--help"])
+    assert result.exit_code == 0, result.output
+    assert (command.help or "").strip(), f"{name} has no description"
+    if isinstance(command, click.Group):
+        for sub in command.commands:
+            assert CliRunner().invoke(app, [name, sub, "--help"]).exit_code == 0
+        return
+    for param in command.params:
+        if isinstance(param, click.Option) and param.name != "help":
+            assert (param.help or "").strip(), f"{name} {param.opts[0]} has no help text"
