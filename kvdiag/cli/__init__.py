@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from kvdiag.cli import audit, generate, probe, report, reproduce, serve
+from kvdiag.cli import audit, fixtures, generate, probe, report, reproduce, serve
 
 app = typer.Typer(
     name="kvdiag",
@@ -37,6 +37,7 @@ app.command("generate")(generate.generate)
 app.command("serve")(serve.serve)
 app.command("probe")(probe.probe)
 app.command("audit-vllm")(audit.audit_vllm)
+app.add_typer(fixtures.app, name="fixtures")
 
 
 def main() -> None:

@@ -95,8 +95,12 @@ def regress(
                   TimeElapsedColumn(), console=out.err, transient=True, disable=as_json) as bar:
         task = bar.add_task(f"regress {prepared.target.spec}", total=None)
         result = job.execute(prepared, opts, progress=lambda **kw: bar.update(task, **kw))
+    if not result.summary.get("cold_cache", True):
+        out.warn(f"{target} refused POST /reset_prefix_cache: the run began on a warm cache, so "
+                 "BRAI was not compared with the baseline")
     if as_json:
-        out.json({"verdict": result.verdict, "run_dir": str(result.run_dir), **result.summary["regress"]})
+        out.json({"verdict": result.verdict, "run_dir": str(result.run_dir),
+                  "cold_cache": result.summary.get("cold_cache"), **result.summary["regress"]})
     else:
         _render(out, result)
     raise typer.Exit(EXIT_PASS if result.verdict == "pass" else EXIT_FAIL)
@@ -137,9 +141,17 @@ def _render(out: Output, result) -> None:
     else:
         named = ", ".join(f"{m} (rounds {', '.join(map(str, r)) if r != [0] else 'whole run'})"
                           for m, r in reg["regressed"].items())
-        out.out.print(f"[bold red]FAIL[/] regressed: {named or 'ground truth'}")
-        for c in reg["failed_checks"][:25]:
+        out.out.print(f"[bold red]FAIL[/] regressed: {named or 'nothing against the baseline'}")
+        against = [c for c in reg["failed_checks"] if c["metric"] != "ground_truth"]
+        for c in against[:25]:
             out.out.print(f"  {c['message']}")
+        if len(against) > 25:
+            out.out.print(f"  ... {len(against) - 25} more in summary.json (regress.failed_checks)")
+        for c in reg["failed_checks"]:
+            if c["metric"] == "ground_truth":
+                first = c["message"].split("; ")[0]
+                out.out.print(f"  {c['case']}: {int(c['value'])} ground-truth finding(s) against the "
+                              f"run's own reference, first: {first}")
     out.out.print(f"run {result.run_id}: {result.run_dir}/report.html"
                   + (f"; JUnit {result.junit}" if result.junit else ""))
 
@@ -180,7 +192,8 @@ def history(
     history_path: HistoryOpt = DEFAULT_HISTORY,
     as_json: JsonOpt = False,
 ) -> None:
-    """Past regression runs, oldest first: verdict, SQDR, BRAI, divergence and the key."""
+    """Past regression runs, oldest first: verdict, SQDR, BRAI, cache divergence (--json adds
+    the engine, version, model, baseline key and run directory)."""
     import json as _json
 
     from rich.table import Table
@@ -195,10 +208,13 @@ def history(
         out.json(_json.loads(frame[columns].to_json(orient="records")))
         return
     table = Table(title=f"{history_path}: {len(frame)} run(s)", title_justify="left")
-    for col in columns[:-1]:
-        table.add_column(col, justify="right" if col in ("sqdr", "brai", "divergence_ratio") else "left")
+    for col in ("created", "run", "target", "verdict", "SQDR", "BRAI", "diverged"):
+        table.add_column(col, justify="right" if col in ("SQDR", "BRAI", "diverged") else "left",
+                         overflow="fold")
     for row in frame.to_dict("records"):
-        cells = [("-" if row[c] is None or row[c] != row[c] else f"{row[c]:.4f}")
-                 if c in ("sqdr", "brai", "divergence_ratio") else str(row[c]) for c in columns[:-1]]
-        table.add_row(*cells, style="red" if row["verdict"] == "fail" else None)
+        numbers = [("-" if row[c] is None or row[c] != row[c] else f"{row[c]:.4f}")
+                   for c in ("sqdr", "brai", "divergence_ratio")]
+        table.add_row(str(row["created"])[:16].replace("T", " "), str(row["run_id"]), str(row["target"]),
+                      str(row["verdict"]), *numbers,
+                      style="red" if row["verdict"] == "fail" else None)
     out.out.print(table)
