@@ -13,7 +13,7 @@ VLLM_VERSION ?= 0.33.0
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 
-.PHONY: setup test test-all reproduce lint canary browser vllm-env test-vllm bench clean
+.PHONY: setup test test-all reproduce lint canary browser promtool vllm-env test-vllm bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,16 @@ browser:
 	     (apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null)) || \
 	    echo "chromium not installed: the browser test will be skipped"; \
 	  else echo "chromium not installed: the browser test will be skipped"; fi; }
+
+# Debian's prometheus package for `promtool check rules deploy/prometheus/kvdiag-rules.yaml`
+# (tests/kvdiag/test_export.py; skipped where it is absent).
+promtool:
+	@command -v promtool >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 || \
+	     (apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends prometheus >/dev/null)) || \
+	    echo "promtool not installed: the rules check will be skipped"; \
+	  else echo "promtool not installed: the rules check will be skipped"; fi; }
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -57,6 +57,21 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + rotated * sin
 
 
+def _fuse(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenate linears' weights (and biases) along the output dimension and point each
+    linear at its slice of the result."""
+    w = torch.cat([lin.weight for lin in linears])
+    b = torch.cat([lin.bias for lin in linears]) if linears[0].bias is not None else None
+    start = 0
+    for lin in linears:
+        end = start + lin.out_features
+        lin.weight = nn.Parameter(w[start:end], requires_grad=False)
+        if b is not None:
+            lin.bias = nn.Parameter(b[start:end], requires_grad=False)
+        start = end
+    return w, b
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
@@ -73,11 +88,9 @@ class Attention(nn.Module):
         self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # fused after loading
 
     def fuse(self) -> None:
-        """One [H*D + 2*KVH*D, hidden] projection instead of three (fewer, larger matmuls)."""
-        w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
-        b = (torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
-             if self.q_proj.bias is not None else None)
-        self.qkv = (w, b)
+        """One [H*D + 2*KVH*D, hidden] projection instead of three (fewer, larger matmuls);
+        q/k/v_proj then hold views into it, so nothing is stored twice."""
+        self.qkv = _fuse(self.q_proj, self.k_proj, self.v_proj)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 backend: AttentionBackend) -> torch.Tensor:
@@ -103,10 +116,7 @@ class MLP(nn.Module):
         self.gate_up: tuple[torch.Tensor, torch.Tensor | None] | None = None  # fused after loading
 
     def fuse(self) -> None:
-        w = torch.cat([self.gate_proj.weight, self.up_proj.weight])
-        b = (torch.cat([self.gate_proj.bias, self.up_proj.bias])
-             if self.gate_proj.bias is not None else None)
-        self.gate_up = (w, b)
+        self.gate_up = _fuse(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = nn.functional.linear(x, *self.gate_up).chunk(2, -1)

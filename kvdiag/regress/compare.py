@@ -97,8 +97,10 @@ def _check(case, metric, rnd, value, baseline, direction, tol) -> Check | None:
     return Check(case, metric, rnd, value, baseline, limit, passed, message)
 
 
-def compare(measured: dict, baseline: dict, tol: Tolerances = Tolerances()) -> list[Check]:
-    """Every check of every case the baseline holds (measure() dicts on both sides)."""
+def compare(measured: dict, baseline: dict, tol: Tolerances = Tolerances(),
+            skip: tuple[str, ...] = ()) -> list[Check]:
+    """Every check of every case the baseline holds (measure() dicts on both sides), but
+    the metrics in `skip`."""
     from kvdiag.regress.measure import brai_against
 
     brais = brai_against(measured, baseline)
@@ -119,7 +121,7 @@ def compare(measured: dict, baseline: dict, tol: Tolerances = Tolerances()) -> l
             for metric, (direction, tol_name) in ROUND_CHECKS.items():
                 checks.append(_check(case, metric, r["round"], r.get(metric), b.get(metric),
                                      direction, getattr(tol, tol_name)))
-    return [c for c in checks if c is not None]
+    return [c for c in checks if c is not None and c.metric not in skip]
 
 
 def ground_truth(summary: dict, allocator: str | None) -> list[Check]:
