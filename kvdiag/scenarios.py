@@ -118,14 +118,16 @@ class LengthPlanner:
         bs, edge = self.bs, self.boundary - 1
         if r == 0:
             lo, hi = self.start_range
-            start = self.rng.randint(edge - 220, edge - 40) if self.jumps else self.rng.randint(lo, hi)
+            back = self.min_turn  # long turns: start further back, so a turn can land on the edge
+            start = (self.rng.randint(edge - 220 - back, edge - 40 - back) if self.jumps
+                     else self.rng.randint(lo, hi))
             return max(start, min_len)
         target = min_len + self.rng.choice(EXTRA)
         if self.jumps and not self.jumped:
             if self.prev == edge:  # 4095 -> 4112, or the next boundary that fits
                 self.jumped = True
                 return max(self.boundary + bs, -(-min_len // bs) * bs)
-            if target >= edge >= min_len and answer + 8 <= bs:
+            if min_len <= edge and (target >= edge or edge < target + self.min_turn) and answer + 8 <= bs:
                 return edge
         return target
 

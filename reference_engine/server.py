@@ -91,6 +91,16 @@ def create_app(engine: LLMEngine, model_name: str) -> FastAPI:
             return error(400, "a token id is outside the vocabulary", param="tokens")
         return {"prompt": tok.decode(req.tokens)}
 
+    @app.post("/reset_prefix_cache")
+    def reset_prefix_cache():
+        with core.lock:
+            busy = engine.has_unfinished()
+            done = not busy and engine.allocator.reset_prefix_cache()
+        if not done:
+            return error(409, "requests are in flight: the prefix cache cannot be reset now",
+                         kind="conflict")
+        return Response(status_code=200)
+
     @app.get("/metrics")
     def prometheus():
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from kvdiag.cli import audit, fixtures, generate, probe, report, reproduce, serve
+from kvdiag.cli import audit, export, fixtures, generate, probe, regress, report, reproduce, serve
 
 app = typer.Typer(
     name="kvdiag",
@@ -37,6 +37,11 @@ app.command("generate")(generate.generate)
 app.command("serve")(serve.serve)
 app.command("probe")(probe.probe)
 app.command("audit-vllm")(audit.audit_vllm)
+app.command("regress")(regress.regress)
+app.add_typer(regress.baseline_app, name="baseline")
+app.command("history")(regress.history)
+app.command("export")(export.export)
+app.command("exporter")(export.exporter)
 app.add_typer(fixtures.app, name="fixtures")
 
 

@@ -52,8 +52,8 @@ def regress(
                                                    "the suite's default cases). A URL target runs one.")] = None,
     tolerance: Annotated[list[str] | None, typer.Option("--tolerance", help="Override a tolerance, "
                                                         "NAME=VALUE (e.g. bleu4=2).")] = None,
-    flag: Annotated[list[str] | None, typer.Option("--flag", help="URL targets: an extra baseline key "
-                                                   "flag, NAME=VALUE (e.g. tp=2).")] = None,
+    flag: Annotated[list[str] | None, typer.Option("--flag", help="An extra baseline key flag, NAME=VALUE "
+                                                   "(e.g. tp=2): what the server cannot report.")] = None,
     api_key: Annotated[str | None, typer.Option("--api-key", envvar="OPENAI_API_KEY", help="Bearer token.")] = None,
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="URL targets: requests in flight.")] = 16,
     device: DeviceOpt = "cpu",

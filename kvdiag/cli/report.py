@@ -26,8 +26,11 @@ def report(
 
     frame = None
     if history is not None:
-        from kvdiag.regress.history import load_history_frame
+        import json
 
-        frame = load_history_frame(history, run_dir)
+        from kvdiag.regress.history import runs
+
+        suite = json.loads((run_dir / "summary.json").read_text()).get("suite")
+        frame = runs(history, suite=suite, last=52)
     path = write_report(run_dir, out, history=frame)
     Output().out.print(str(path))

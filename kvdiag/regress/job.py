@@ -78,7 +78,7 @@ def prepare(opts: Options) -> Prepared:
         model_dir = Path(opts.model or suite.model or CANARY)
         if not model_dir.is_dir():
             raise KvdiagError(f"--model {model_dir}: not a model directory")
-        key = reference_key(suite, model_dir, opts.device, opts.dtype)
+        key = reference_key(suite, model_dir, opts.device, opts.dtype, opts.flags)
     else:
         model_dir = None
         if not opts.model:
@@ -148,8 +148,10 @@ def execute(p: Prepared, opts: Options, progress: Callable[..., None] = lambda *
     verdict = "pass" if all(c.passed for c in checks) else "fail"
     main = main_case(measured)
     run_id = H.unique_run_id(opts.history, run_dir.resolve().name)
-    if base is None:  # no baseline: the in-run guarded series' reuse, when there is one
-        for case, b in brais.items():
+    for case, b in brais.items():
+        if not cold:  # a warm cache's reuse says nothing: publish no BRAI rather than a false one
+            b["brai"], b["rounds"] = None, {}
+        elif base is None:  # no baseline: the in-run guarded series' reuse, when there is one
             b["brai"] = summary.get("by_case", {}).get(case, {}).get("brai", {}).get(
                 measured[case]["series"])
     run_brai = brais[main]["brai"]

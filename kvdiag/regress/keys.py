@@ -95,13 +95,14 @@ def suite_sha(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:8]
 
 
-def reference_key(suite, model_dir: Path, device: str, dtype: str | None) -> BaselineKey:
+def reference_key(suite, model_dir: Path, device: str, dtype: str | None,
+                  extra_flags: dict | None = None) -> BaselineKey:
     from kvdiag import __version__
     from kvdiag.runs import model_label
 
     flags = {"block_size": suite.block_size, "max_num_seqs": suite.max_num_seqs, "device": device,
              "dtype": dtype or ("float32" if device == "cpu" else "bfloat16"),
-             "enable_prefix_caching": True}
+             "enable_prefix_caching": True} | {k: str(v) for k, v in (extra_flags or {}).items()}
     return BaselineKey("reference", __version__, model_label(model_dir), suite.name,
                        suite_sha(suite.path), flags)
 

@@ -120,6 +120,10 @@ class BlockAllocator(ABC):
     @abstractmethod
     def check_integrity(self) -> None: ...
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block; False when the allocator cannot right now."""
+        return False
+
     def usage(self) -> float:
         """Fraction of blocks held by running sequences (vLLM's kv_cache_usage_perc)."""
         return 1.0 - self.num_free_blocks / self.num_blocks

@@ -40,6 +40,10 @@ class StaleHashAllocator(PrefixCacheAllocator):
         finally:
             self._on_jump_path = False
 
+    def reset_prefix_cache(self) -> bool:
+        self.partial_tails.clear()
+        return super().reset_prefix_cache()
+
     def free(self, seq: Sequence) -> None:
         full, rest = divmod(seq.num_computed_tokens, self.block_size)
         if rest and full:

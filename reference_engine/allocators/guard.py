@@ -81,6 +81,13 @@ class SequenceGuard(BlockAllocator):
         self.inner.free(seq)
         self.table_generations.pop(seq.seq_id, None)
 
+    def reset_prefix_cache(self) -> bool:
+        if not self.inner.reset_prefix_cache():
+            return False
+        self.entry_generation.clear()
+        self.block_entries.clear()
+        return True
+
     def _stamp(self, seq: Sequence, result: AllocateResult) -> AllocateResult:
         for block_id in result.new_block_ids:
             for h in self.block_entries.pop(block_id, ()):  # recycled: old entries are stale

@@ -129,6 +129,16 @@ class PrefixCacheAllocator(BlockAllocator):
                 del self.hash_to_block_id[block.block_hash]
             block.block_hash = None
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block (vLLM's reset_prefix_cache); refused while any block is
+        in use, since running requests still hold their blocks."""
+        if self.used_block_ids:
+            return False
+        for block in self.blocks:
+            block.block_hash = None
+        self.hash_to_block_id.clear()
+        return True
+
     def drop_hash(self, block_hash: bytes) -> None:
         """Remove one hash entry (the guard's purge of an entry it proved stale)."""
         block_id = self.hash_to_block_id.pop(block_hash, None)

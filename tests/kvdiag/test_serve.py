@@ -129,3 +129,15 @@ def test_probe_plans_the_same_lengths_by_usage_as_by_tokenize(server):
     by_usage = plan_case(suite, case, RemoteTokenizer(Endpoint(server, "canary"), use_usage=True))
     assert by_usage.schedule.prompt_lengths == by_tokenize.schedule.prompt_lengths
     assert by_usage.schedule.answer_lengths == by_tokenize.schedule.answer_lengths
+
+
+def test_reset_prefix_cache_empties_the_cache(server):
+    body = {"model": "canary", "max_tokens": 4,
+            "messages": [{"role": "user", "content": " ".join(["gafu leyi"] * 30) + " " + FACT}]}
+    httpx.post(server + "/v1/chat/completions", json=body)
+    warm = httpx.post(server + "/v1/chat/completions", json=body).json()
+    assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert httpx.post(server + "/reset_prefix_cache").status_code == 200
+    cold = httpx.post(server + "/v1/chat/completions", json=body).json()
+    assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert cold["choices"][0]["message"]["content"] == warm["choices"][0]["message"]["content"]
