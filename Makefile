@@ -13,7 +13,7 @@ VLLM_VERSION ?= 0.33.0
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 
-.PHONY: setup test test-all reproduce lint canary browser promtool vllm-env test-vllm bench clean
+.PHONY: setup test test-all test-slow reproduce lint canary browser promtool vllm-env test-vllm bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,11 @@ test: setup
 
 test-all: setup
 	$(PY) -m pytest
+
+# The tests marked slow (default-suite gates as subprocesses, long sessions): CI runs them
+# after `make test`, as its 90-minute budget allows.
+test-slow: setup
+	$(PY) -m pytest -m slow
 
 reproduce: setup
 	$(KVDIAG) reproduce --cases all

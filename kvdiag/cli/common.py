@@ -57,11 +57,13 @@ def enable_engine_log() -> None:
     """Show the engine's start-up lines (block size, guard) on stderr."""
     import logging
 
+    class StderrHandler(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            sys.stderr.write(f"INFO {record.getMessage()}\n")
+
     logger = logging.getLogger("reference_engine")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("INFO %(message)s"))
-        logger.addHandler(handler)
+    if not any(type(h).__name__ == "StderrHandler" for h in logger.handlers):
+        logger.addHandler(StderrHandler(logging.INFO))
     logger.setLevel(logging.INFO)
 
 

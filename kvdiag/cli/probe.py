@@ -64,6 +64,9 @@ def probe(
     run_dir = resume if resume is not None else new_run_dir(out_dir, f"probe-{loaded.name}")
     settings = ProbeSettings(concurrency=concurrency, think_scale=think_scale,
                              floor_sessions=floor_sessions, numerics_margin=numerics_margin)
+    from kvdiag.runners.endpoint import Endpoint
+
+    Endpoint(base_url, model, api_key).check()  # a dead server: one line, exit 2, before anything
     out.info(f"planning {chosen.sessions} sessions x {chosen.rounds} rounds with {base_url}'s tokenizer")
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=out.err, transient=True, disable=as_json) as bar:

@@ -194,14 +194,18 @@ def test_a_live_server_as_the_target(tmp_path):
         first = invoke("regress", "--target", url, "--out", str(tmp_path / "a"), *common)
         assert first.exit_code == 0, first.output
         assert invoke("baseline", "update", str(tmp_path / "a"), "--baseline", str(tmp_path / "b.json")).exit_code == 0
-        second = invoke("regress", "--target", url, "--out", str(tmp_path / "b"), "--json", *common)
+        # a tiny suite against a live server: reuse depends on when concurrent requests arrive
+        # (round 1 may or may not find the shared system prompt cached), so loosen BRAI here
+        second = invoke("regress", "--target", url, "--out", str(tmp_path / "b"), "--json",
+                        "--tolerance", "brai=0.3", *common)
         other = invoke("regress", "--target", url, "--flag", "tp=2", *common)
     assert second.exit_code == 0, second.output
     regress = json.loads(second.stdout)
-    # kvdiag serve has no POST /reset_prefix_cache: the second run starts on the first's
-    # cached blocks, so its reuse differs by design and BRAI is left out of the comparison
-    assert regress["cold_cache"] is False and "BRAI was not compared" in second.stderr
-    assert not regress["failed_checks"] and regress["brai"] == {"trigger": None}
+    # kvdiag serve empties its prefix cache on POST /reset_prefix_cache, so each run starts
+    # cold and its reuse is compared with the baseline's (over the run, not per round)
+    assert regress["cold_cache"] is True and "BRAI was not compared" not in second.stderr
+    assert not regress["failed_checks"] and regress["brai"]["trigger"] is not None
+    assert regress["brai"]["trigger"] <= 0.3
     assert regress["key"]["engine"] == "kvdiag-serve" and regress["key"]["model"].startswith("canary@")
     assert regress["baseline"]["run_id"] == "a" and regress["measurement"]["trigger"]["series"] == url
     assert other.exit_code == 2 and "flag tp: baseline (unset), run 2" in other.output

@@ -57,32 +57,52 @@ def test_run_directory_contract(reproduced):
 
 
 def test_verify_gates_with_cli_runner(tmp_path):
+    """The whole gate matrix in-process, on the smoke suite (the same trigger at 1k-token
+    histories); the subprocess test below runs the default suite."""
     runner = CliRunner()
-    ok = runner.invoke(app, ["verify", "--expect-guard", "--allocator", "guarded", "--out", str(tmp_path / "a")])
+    smoke = ["--suite", "smoke"]
+    ok = runner.invoke(app, ["verify", "--expect-guard", "--allocator", "guarded", *smoke, "--out", str(tmp_path / "a")])
     assert ok.exit_code == 0, ok.output
     assert "PASS" in ok.output
-    bad = runner.invoke(app, ["verify", "--expect-guard", "--allocator", "buggy", "--out", str(tmp_path / "b")])
+    bad = runner.invoke(app, ["verify", "--expect-guard", "--allocator", "buggy", *smoke, "--out", str(tmp_path / "b")])
     assert bad.exit_code == 1, bad.output
     assert "failing rounds" in bad.output and "foreign_slots" in bad.output
-    nan = runner.invoke(app, ["verify", "--expect-guard", "--allocator", "stale-bytes", "--out", str(tmp_path / "c")])
+    nan = runner.invoke(app, ["verify", "--expect-guard", "--allocator", "stale-bytes", *smoke, "--out", str(tmp_path / "c")])
     assert nan.exit_code == 1, nan.output
     assert "nonfinite_logits" in nan.output
-    control = runner.invoke(app, ["verify", "--expect-bug", "--allocator", "buggy", "--out", str(tmp_path / "d")])
+    control = runner.invoke(app, ["verify", "--expect-bug", "--allocator", "buggy", *smoke, "--out", str(tmp_path / "d")])
     assert control.exit_code == 0, control.output
 
 
-def test_verify_as_a_subprocess(tmp_path):
-    def run(*args):
-        return subprocess.run([sys.executable, "-m", "kvdiag", *args], capture_output=True, text=True,
-                              timeout=600)
+def _kvdiag(*args):
+    return subprocess.run([sys.executable, "-m", "kvdiag", *args], capture_output=True, text=True,
+                          timeout=900)
 
-    ok = run("verify", "--expect-guard", "--allocator", "guarded", "--out", str(tmp_path / "a"))
+
+def test_verify_as_a_subprocess(tmp_path):
+    """The real command, its log lines and exit codes (smoke suite; see the slow test for
+    the default one)."""
+    ok = _kvdiag("verify", "--expect-guard", "--allocator", "guarded", "--suite", "smoke",
+                 "--out", str(tmp_path / "a"))
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "Using SequenceGuard for block allocation." in ok.stderr
     assert "PagedAttention enabled with block size 16." in ok.stderr
-    bad = run("verify", "--expect-guard", "--allocator", "buggy", "--out", str(tmp_path / "b"))
+    bad = _kvdiag("verify", "--expect-guard", "--allocator", "buggy", "--suite", "smoke",
+                  "--out", str(tmp_path / "b"))
     assert bad.returncode == 1, bad.stdout + bad.stderr
-    usage = run("verify", "--expect-guard", "--suite", str(tmp_path / "missing.yaml"))
+    usage = _kvdiag("verify", "--expect-guard", "--suite", str(tmp_path / "missing.yaml"))
     assert usage.returncode == 2 and "no such suite" in usage.stderr
-    both = run("verify", "--expect-guard", "--expect-bug")
+    both = _kvdiag("verify", "--expect-guard", "--expect-bug")
     assert both.returncode == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args,code", [
+    (("--expect-guard", "--allocator", "guarded"), 0),
+    (("--expect-guard", "--allocator", "buggy"), 1),
+    (("--expect-guard", "--allocator", "stale-bytes"), 1),
+    (("--expect-bug", "--allocator", "buggy"), 0),
+])
+def test_verify_gates_on_the_default_suite_as_a_subprocess(tmp_path, args, code):
+    run = _kvdiag("verify", *args, "--out", str(tmp_path / "v"))
+    assert run.returncode == code, run.stdout + run.stderr

@@ -20,14 +20,13 @@ OPS = st.lists(st.tuples(st.sampled_from(["admit", "admit", "append", "append", 
 
 
 class Shadow:
-    """What the test knows independently: which blocks each live sequence holds, and the
-    allocation epoch of every block (bumped each time it is handed out as new)."""
+    """What the test knows independently: which blocks each live sequence holds, and which
+    content (block hashes) each block holds since it was last handed out."""
 
     def __init__(self, alloc) -> None:
         self.alloc = alloc
         self.inner = getattr(alloc, "inner", alloc)
-        self.epoch = [0] * alloc.num_blocks
-        self.cached_at: dict[bytes, tuple[int, int]] = {}
+        self.content: dict[int, set[bytes]] = {}
         self.live: list[Sequence] = []
 
     def held(self) -> set[int]:
@@ -37,21 +36,21 @@ class Shadow:
         reused = set(result.new_block_ids) & before
         assert not reused, f"blocks {sorted(reused)} handed out while referenced"
         for b in result.new_block_ids:
-            self.epoch[b] += 1
+            self.content[b] = set()  # a new owner: whatever the block held is gone
 
     def write(self, seq: Sequence, upto: int) -> None:
         seq.num_computed_tokens = upto
         self.alloc.cache_full_blocks(seq, upto)
-        for h, b in self.inner.hash_to_block_id.items():
-            self.cached_at.setdefault(h, (b, self.epoch[b]))
+        hashes = self.inner.compute_block_hashes(seq)
+        for i in range(upto // BS):
+            self.content.setdefault(seq.block_table[i], set()).add(hashes[i])
 
     def check(self) -> None:
         self.alloc.check_integrity()
         for h, b in self.inner.hash_to_block_id.items():
-            cb, ce = self.cached_at.get(h, (b, self.epoch[b]))
-            assert cb == b and ce == self.epoch[b], (
-                f"hash entry points at block {b}, recycled since it was cached (epoch {ce} -> {self.epoch[b]})")
-        self.cached_at = {h: v for h, v in self.cached_at.items() if h in self.inner.hash_to_block_id}
+            assert h in self.content.get(b, set()), (
+                f"hash entry {h.hex()[:8]} points at block {b}, which was recycled since and "
+                "no longer holds that content")
 
 
 def drive(name: str, ops) -> int:
