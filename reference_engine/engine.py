@@ -83,8 +83,9 @@ class ModelRunner:
         if not rows:
             return {}
         logits = self.model.logits(hidden[torch.tensor(rows, device=hidden.device)])
-        self.last_logits = dict(zip(seqs, logits))  # kept for tests and logprobs
-        finite = torch.isfinite(logits).all(-1).tolist()
+        self.last_logits = dict(zip(seqs, logits.unbind(0)))  # kept for tests and logprobs
+        # a row sum in fp64 is finite iff every logit of the row is (no overflow at 2e308)
+        finite = torch.isfinite(logits.sum(-1, dtype=torch.float64)).tolist()
         tokens = logits.argmax(-1).tolist()
         for seq, ok in zip(seqs, finite):
             seq.stats.nonfinite_logits += not ok

@@ -27,9 +27,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype  # as HF: normalise in fp32, scale in the input dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        dtype = x.dtype  # as HF: normalise in fp32, scale in the input dtype (one fused kernel)
+        x = nn.functional.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * x.to(dtype)
 
 

@@ -21,6 +21,7 @@ class _Item:
         self.sched, self.row0 = sched, row0
         self.start = sched.seq.num_computed_tokens
         self.ctx = self.start + sched.num_tokens
+        self.slots = self.bad = self.np_slots = self.np_bad = None  # set by the provenance check
         self.leak: list[torch.Tensor] = []  # per layer: attention mass on bad slots, [H]
         self.probs: list[torch.Tensor] = []
 
@@ -63,47 +64,58 @@ class PagedBackend:
             new_slots.append(slots)
             self.items.append(item)
         self.slot_mapping = torch.from_numpy(np.concatenate(new_slots)).to(device)
-        for item in self.items:  # after every write of the step is recorded
-            self._check_provenance(item, bs)
+        self._check_provenance(bs)  # after every write of the step is recorded
         self.decode = [it for it in self.items if it.sched.num_tokens == 1]
         self.prefill = [it for it in self.items if it.sched.num_tokens > 1]
         if self.decode:
             self._build_decode(device)
         for it in self.prefill:
-            it.slots = torch.from_numpy(it.slots).to(device)
-            it.bad = torch.from_numpy(it.bad).to(device)
+            it.slots = torch.from_numpy(it.np_slots).to(device)
+            if capture:
+                it.bad = torch.from_numpy(it.np_bad).to(device)
 
-    def _check_provenance(self, item: _Item, bs: int) -> None:
-        seq, ctx = item.sched.seq, item.ctx
+    def _check_provenance(self, bs: int) -> None:
+        """Compare the ledger of every slot each sequence reads with its own fingerprints, for
+        the whole step at once; per-sequence work only where something does not match."""
         # additive: the kernel never touches the unwritten tail; multiply: whole blocks
-        slots = _slots(seq, bs)[:ctx if self.mode == "additive" else -(-ctx // bs) * bs]
-        got = self.cache.ledger[slots[:ctx]]
-        expected = seq.fingerprints.values(0, ctx)
-        unwritten = got == UNWRITTEN
-        foreign = (got != expected) & ~unwritten
-        if foreign.any():
-            seq.stats.foreign_slots = _track(seq, "foreign_seen", ctx, foreign)
-        if unwritten.any():
-            seq.stats.unwritten_slots = _track(seq, "unwritten_seen", ctx, unwritten)
-        bad = np.ones(len(slots), dtype=bool)  # tail slots (multiply mode) are not ours either
-        bad[:ctx] = foreign | unwritten
-        item.slots, item.bad = slots, bad
-        item.np_slots, item.np_bad = slots, bad
+        additive = self.mode == "additive"
+        for it in self.items:
+            it.np_slots = _slots(it.sched.seq, bs)[:it.ctx if additive else -(-it.ctx // bs) * bs]
+        got = self.cache.ledger[np.concatenate([it.np_slots[:it.ctx] for it in self.items])]
+        expected = np.concatenate([it.sched.seq.fingerprints.values(0, it.ctx) for it in self.items])
+        mismatch = got != expected  # fingerprints are never UNWRITTEN, so this covers both
+        if not (mismatch.any() or self.capture):
+            return
+        end = 0
+        for it in self.items:
+            start, end = end, end + it.ctx
+            bad = mismatch[start:end]
+            if bad.any():
+                seq, g = it.sched.seq, got[start:end]
+                unwritten = g == UNWRITTEN
+                if (bad & ~unwritten).any():
+                    seq.stats.foreign_slots = _track(seq, "foreign_seen", it.ctx, bad & ~unwritten)
+                if unwritten.any():
+                    seq.stats.unwritten_slots = _track(seq, "unwritten_seen", it.ctx, unwritten)
+            if self.capture:  # tail slots (multiply mode) are not ours either
+                it.np_bad = np.ones(len(it.np_slots), dtype=bool)
+                it.np_bad[:it.ctx] = bad
 
     def _build_decode(self, device) -> None:
         items, null = self.decode, self.cache.null_block * self.cache.block_size
-        width = max(len(it.slots) for it in items)
+        width = max(len(it.np_slots) for it in items)
         idx = np.full((len(items), width), null, dtype=np.int64)
         valid = np.zeros((len(items), width), dtype=bool)
-        bad = np.zeros((len(items), width), dtype=bool)
+        bad = np.zeros((len(items), width), dtype=bool) if self.capture else None
         for b, it in enumerate(items):
-            idx[b, :len(it.slots)] = it.slots
+            idx[b, :len(it.np_slots)] = it.np_slots
             valid[b, :it.ctx] = True
-            bad[b, :len(it.bad)] = it.bad
+            if bad is not None:
+                bad[b, :len(it.np_bad)] = it.np_bad
         self.dec_idx = torch.from_numpy(idx.ravel()).to(device)
         self.dec_shape = (len(items), width)
         self.dec_valid = torch.from_numpy(valid).to(device)
-        self.dec_bad = torch.from_numpy(bad).to(device)
+        self.dec_bad = None if bad is None else torch.from_numpy(bad).to(device)
         self.dec_rows = torch.tensor([it.row0 for it in items], device=device)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
