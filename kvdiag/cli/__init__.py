@@ -14,6 +14,7 @@ app = typer.Typer(
     "regress): 0 pass, 1 the check failed, 2 the run could not be made.",
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode="markdown",  # paragraphs reflow to the terminal width
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )

@@ -79,7 +79,7 @@ def audit_vllm(
                                                "bundled canary.")] = None,
     device: DeviceOpt = "cpu",
     out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory (default: "
-                                                 "reports/<suite>-<time>).")] = None,
+                                                 "reports/SUITE-TIME).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Audit vLLM's real allocator: replay a case's traffic (prefix lookups, allocations,

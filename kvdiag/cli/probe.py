@@ -35,7 +35,7 @@ def probe(
                                             "on 404) or usage (usage.prompt_tokens of 1-token requests).")] = "tokenize",
     resume: Annotated[Path | None, typer.Option("--resume", help="Finish an interrupted probe in this "
                                                 "run directory.")] = None,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory (default: reports/probe-<suite>-<time>).")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory (default: reports/probe-SUITE-TIME).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Probe a live server: every round twice, sharing the cache and isolated with a fresh

@@ -47,7 +47,7 @@ def regress(
     history: HistoryOpt = DEFAULT_HISTORY,
     junit: Annotated[Path | None, typer.Option("--junit", help="Write JUnit XML here.")] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory (default: "
-                                                 "reports/regress-<suite>-<time>).")] = None,
+                                                 "reports/regress-SUITE-TIME).")] = None,
     case: Annotated[list[str] | None, typer.Option("--case", help="Case to run (repeatable; default: "
                                                    "the suite's default cases). A URL target runs one.")] = None,
     tolerance: Annotated[list[str] | None, typer.Option("--tolerance", help="Override a tolerance, "

@@ -23,7 +23,7 @@ from kvdiag.errors import KvdiagError
 SuiteOpt = Annotated[str, typer.Option("--suite", help="Suite YAML file, or the name of a bundled "
                                        "suite (reproduce, smoke, weekly).")]
 OutOpt = Annotated[Path | None, typer.Option("--out", help="Run directory (default: "
-                                             "reports/<suite>-<time>).")]
+                                             "reports/SUITE-TIME).")]
 ModelOpt = Annotated[Path | None, typer.Option("--model", help="Local HF model directory; default: "
                                                "the suite's model, else the bundled canary.")]
 SpacyOpt = Annotated[str | None, typer.Option("--spacy-model", help="An installed spaCy model for "
