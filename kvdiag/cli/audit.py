@@ -14,7 +14,7 @@ from kvdiag.errors import KvdiagError
 
 
 def _render(out: Output, run, run_dir: Path) -> None:
-    from rich.table import Table
+    from kvdiag.cli.render import compact_table
 
     audit = run.summary["vllm_audit"]
     ours = {}
@@ -23,9 +23,8 @@ def _render(out: Output, run, run_dir: Path) -> None:
             ours.setdefault(r.round, [0, 0])
             ours[r.round][0] += r.blocks_hit
             ours[r.round][1] += r.blocks_needed
-    table = Table(title=f"{audit['target']} · case {run.summary['cases'][0]} (hit rate: tokens; "
-                  f"reuse: blocks; ours: {audit.get('compare', {}).get('allocator', '-')})",
-                  title_justify="left")
+    table = compact_table(f"{audit['target']} · case {run.summary['cases'][0]} (hit rate: tokens; "
+                          f"reuse: blocks; ours: {audit.get('compare', {}).get('allocator', '-')})")
     for col in ("round", "hit rate", "reuse", "ours", "foreign", "unwritten", "sessions"):
         table.add_column(col, justify="right")
     needed = {}

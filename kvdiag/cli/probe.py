@@ -95,10 +95,9 @@ def _fmt(v, spec: str) -> str:
 
 
 def _render(out: Output, summary: dict, shared, run_dir: Path) -> None:
-    from rich.table import Table
+    from kvdiag.cli.render import compact_table
 
-    table = Table(title=f"probe {summary['targets'][0]} ({summary['isolation']} isolation)",
-                  title_justify="left")
+    table = compact_table(f"probe {summary['targets'][0]} ({summary['isolation']} isolation)")
     for col in ("round", "BLEU-4", "fact-check", "ref fact", "diverged", "numerics", "corruption", "cached"):
         table.add_column(col, justify="right")
     rows = {r["round"]: r for r in summary["rounds"] if r["allocator"] == "shared"}

@@ -121,10 +121,10 @@ def _mismatch(out: Output, e, opts) -> None:
 
 
 def _render(out: Output, result) -> None:
-    from rich.table import Table
+    from kvdiag.cli.render import compact_table
 
     reg = result.summary["regress"]
-    table = Table(title=f"regress {reg['target']} · suite {result.summary['suite']}", title_justify="left")
+    table = compact_table(f"regress {reg['target']} · suite {result.summary['suite']}")
     for col in ("case", "series", "SQDR", "BRAI", "reuse", "leakage", "divergence"):
         table.add_column(col, justify="left" if col in ("case", "series") else "right")
     for case, m in reg["measurement"].items():
@@ -196,8 +196,7 @@ def history(
     the engine, version, model, baseline key and run directory)."""
     import json as _json
 
-    from rich.table import Table
-
+    from kvdiag.cli.render import compact_table
     from kvdiag.regress import history as H
 
     out = Output(as_json)
@@ -207,7 +206,7 @@ def history(
     if as_json:
         out.json(_json.loads(frame[columns].to_json(orient="records")))
         return
-    table = Table(title=f"{history_path}: {len(frame)} run(s)", title_justify="left")
+    table = compact_table(f"{history_path}: {len(frame)} run(s)")
     for col in ("created", "run", "target", "verdict", "SQDR", "BRAI", "diverged"):
         table.add_column(col, justify="right" if col in ("SQDR", "BRAI", "diverged") else "left",
                          overflow="fold")

@@ -11,14 +11,23 @@ def _fmt(value, spec: str) -> str:
     return format(value, spec)
 
 
-def rounds_table(summary: dict, case: str):
-    """Round x allocator: reuse, leakage, BLEU-4, fact-check (reference's beside), foreign."""
+def compact_table(title: str, caption: str | None = None):
+    """A Rich table without vertical rules, so wide round tables fit an 80-column terminal."""
+    from rich import box
     from rich.table import Table
 
+    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True,
+                 caption=caption, caption_justify="left")
+
+
+def rounds_table(summary: dict, case: str):
+    """Round x allocator: reuse, leakage, BLEU-4, fact-check (reference's beside), foreign."""
     rows = [r for r in summary["rounds"] if r.get("case") == case]
     ref = {r["round"]: r for r in rows if r["allocator"] == "contiguous"}
-    table = Table(title=f"case {case}", title_justify="left")
-    for col in ("round", "allocator", "reuse", "leakage", "BLEU-4", "fact-check", "ref", "foreign", "rejected"):
+    table = compact_table(f"case {case}",
+                          "facts: fact-check pass rate (ref: the contiguous reference's); foreign: "
+                          "slots read from other prefixes; rejected: stale hits the guard dropped")
+    for col in ("round", "allocator", "reuse", "leakage", "BLEU-4", "facts", "ref", "foreign", "rejected"):
         table.add_column(col, justify="left" if col == "allocator" else "right")
     rows = [r for r in rows if r["allocator"] != "contiguous"]
     rows.sort(key=lambda r: (r["round"], r["allocator"]))
