@@ -162,7 +162,7 @@ baseline_app = typer.Typer(help="Regression baselines.", no_args_is_help=True)
 @baseline_app.command("update")
 @handle_errors
 def baseline_update(
-    run_dir: Annotated[Path, typer.Argument(help="A run directory made by `kvdiag regress`.")],
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="A run directory made by `kvdiag regress`.")],
     baseline: BaselineOpt = DEFAULT_BASELINE,
     force: Annotated[bool, typer.Option("--force", help="Accept a run that failed its own "
                                         "ground-truth check.")] = False,

@@ -12,7 +12,7 @@ from kvdiag.cli.common import Output, handle_errors
 
 @handle_errors
 def report(
-    run_dir: Annotated[Path, typer.Argument(help="A run directory (results.parquet + summary.json).")],
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="A run directory (results.parquet + summary.json).")],
     out: Annotated[Path | None, typer.Option("-o", "--out", help="HTML file to write "
                                              "(default: RUN_DIR/report.html).")] = None,
     history: Annotated[Path | None, typer.Option("--history", help="History database whose runs "
