@@ -66,6 +66,9 @@ _PAGE = """<!DOCTYPE html>
 <figcaption>One line per allocator or target; the contiguous reference (ground truth, no
 paging) is the black dashed line on a grey band. A dotted vertical line and a ring mark the round where a
 series' outputs first depart from the reference's.</figcaption></figure></section>
+{% for case, svg in other_decay %}<section id="decay-{{ case }}"><h2>Decay per round · case {{ case }}</h2>
+<figure class="plot">{{ svg }}<figcaption>Drawn because a series departs from the reference in
+this case too; the same encoding as above.</figcaption></figure></section>{% endfor %}
 <section id="alerts"><h2>SQDR and BRAI · case {{ main_case }}</h2>
 <p class="note">SQDR = (pass rate at round 1 − pass rate at round n) / n: healthy ≤ 0.005,
 alert &gt; 0.01. BRAI = |block reuse rate − the guarded baseline's|: alert &gt; 0.05.</p>
@@ -147,6 +150,10 @@ def render_report(results: DataFrame, summary: dict, history: DataFrame | None =
         decay_svg=Markup(plots.decay_curves(
             main_table, departure_rounds(main_table),
             f"Per-round quality · suite {summary.get('suite', '?')} · case {main}")),
+        other_decay=[(case, Markup(plots.decay_curves(
+            rows, departed, f"Per-round quality · suite {summary.get('suite', '?')} · case {case}",
+            prefix=f"decay{i}")))
+            for i, (case, rows, departed) in enumerate(_other_departures(table, cases, main), 1)],
         alert_table=Markup(tables.to_html(tables.alert_table(sqdr, brai), "alerts")),
         heat_title=heat[1].capitalize() if heat else "Leakage",
         heat_svg=Markup(plots.heatmap(heat[0], heat[1])) if heat else None,
@@ -157,6 +164,15 @@ def render_report(results: DataFrame, summary: dict, history: DataFrame | None =
         history_table=Markup(tables.to_html(tables.history_table(history), "history"))
         if history is not None and len(history) else "",
     )
+
+
+def _other_departures(table: DataFrame, cases: list[str], main: str):
+    """(case, rows, departure rounds) of every case but the main one where a series departs."""
+    for case in cases:
+        rows = table[table["case"] == case]
+        departed = departure_rounds(rows) if case != main else {}
+        if any(r is not None for r in departed.values()):
+            yield case, rows, departed
 
 
 def departure_rounds(table: DataFrame) -> dict[str, int | None]:

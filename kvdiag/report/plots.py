@@ -46,7 +46,8 @@ def colours(names: Iterable[str], baseline: str = "guarded") -> dict[str, tuple[
     return out
 
 
-def decay_curves(table: DataFrame, departures: Mapping[str, int | None], title: str) -> str:
+def decay_curves(table: DataFrame, departures: Mapping[str, int | None], title: str,
+                 prefix: str = "decay") -> str:
     """2 x 2 panels of per-round metrics, one line per `series`; departures marked.
 
     `table`: per-round rows of one case with a `series` column; `departures`: series ->
@@ -86,7 +87,7 @@ def decay_curves(table: DataFrame, departures: Mapping[str, int | None], title: 
                    frameon=False, fontsize=9)
         fig.suptitle(title, x=0.01, ha="left", fontsize=11)
         fig.tight_layout(rect=(0, 0.04 + 0.035 * math.ceil(len(handles) / 4), 1, 0.96))
-        return _svg(fig, "decay")
+        return _svg(fig, prefix)
 
 
 def heatmap(grids: Mapping[str, DataFrame], measure: str) -> str:

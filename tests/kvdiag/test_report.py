@@ -112,6 +112,18 @@ def test_report_is_self_contained_and_small(report: Path) -> None:
         assert word in text
 
 
+def test_every_case_that_departs_gets_its_own_decay_curves(tmp_path: Path) -> None:
+    results = synthetic_results(sessions=4, rounds=6)
+    long = results[results["case"] == "trigger"].assign(case="long")
+    out = write_report(write_run(tmp_path / "run", pd.concat([results, long], ignore_index=True)))
+    text = out.read_text(encoding="utf-8")
+    assert text.count("<svg") == 3  # main decay curves, the long case's, heatmap
+    assert "Decay per round · case long" in text
+    assert "Decay per round · case no-caching" not in text  # flat controls get no panels
+    ids = re.findall(r'\bid="([^"]+)"', text)
+    assert len(ids) == len(set(ids)), "duplicate element ids"
+
+
 def test_report_without_history_or_leakage(tmp_path: Path) -> None:
     results = synthetic_results(sessions=4, rounds=5)
     results["attention_leakage"] = float("nan")  # a live endpoint: attention not captured
