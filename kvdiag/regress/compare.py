@@ -83,7 +83,12 @@ class Check:
 
 
 def _fmt(v) -> str:
-    return "-" if v is None else f"{v:.4g}"
+    """Counts as integers (10150, not 1.015e+04); rates and scores to four significant digits."""
+    if v is None:
+        return "-"
+    if float(v).is_integer() and abs(v) < 1e15:
+        return str(int(v))
+    return f"{v:.4g}"
 
 
 def _check(case, metric, rnd, value, baseline, direction, tol) -> Check | None:
