@@ -35,7 +35,7 @@ def _run(run_id: str, target: str, created: str, verdict: str, fact: list[float]
            "model": "canary-397f8e10", "key_id": "k", "key_json": "{}", "signature": f"kvdiag:0.1.0|{run_id}",
            "verdict": verdict, "run_verdict": "pass", "main_case": "canary", "sqdr": kw.get("sqdr", 0.0),
            "brai": kw.get("brai", 0.0), "block_reuse_rate": 0.9, "attention_leakage": kw.get("leak", 0.0),
-           "divergence_ratio": kw.get("div", 0.0), "wall_seconds": 1.0, "run_dir": "/tmp/x"}
+           "divergence_ratio": kw.get("div", 0.0), "wall_seconds": 1.0, "run_dir": "reports/x"}
     rounds = [{"case": "canary", "round": i + 1, "fact_check_pass_rate": f, "bleu4": 100.0 * f,
                "block_reuse_rate": 0.9, "brai": 0.0, "attention_leakage": 0.0, "divergence_ratio": 0.0,
                "foreign_slots": 0, "unwritten_slots": 0, "nonfinite_logits": 0} for i, f in enumerate(fact)]
