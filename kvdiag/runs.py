@@ -81,6 +81,17 @@ def write_run(run_dir: Path, frame, summary: dict) -> None:
     tmp.replace(run_dir / "summary.json")
 
 
+def read_summary(run_dir: Path) -> dict:
+    """RUN_DIR/summary.json; FileNotFoundError / ValueError name the bad file."""
+    path = Path(run_dir) / "summary.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: not found (is {run_dir} a kvdiag run directory?)")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+
+
 class Timer:
     def __init__(self) -> None:
         self.start = time.perf_counter()

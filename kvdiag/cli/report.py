@@ -26,11 +26,10 @@ def report(
 
     frame = None
     if history is not None:
-        import json
-
         from kvdiag.regress.history import runs
+        from kvdiag.runs import read_summary
 
-        suite = json.loads((run_dir / "summary.json").read_text()).get("suite")
+        suite = read_summary(run_dir).get("suite")
         frame = runs(history, suite=suite, last=52)
     path = write_report(run_dir, out, history=frame)
     Output().out.print(str(path))

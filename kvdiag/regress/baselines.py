@@ -20,6 +20,7 @@ from pathlib import Path
 
 from kvdiag.errors import KvdiagError
 from kvdiag.regress.keys import BaselineKey
+from kvdiag.runs import read_summary
 
 SCHEMA = 1
 DEFAULT_PATH = Path("reports/baselines.json")
@@ -103,13 +104,7 @@ def from_run(run_dir: Path, force: bool = False) -> Baseline:
     """A baseline from a run directory made by `kvdiag regress` (its summary.json carries
     the key and the measurement). Refuses a run whose own ground-truth check failed unless
     `force`."""
-    summary_path = Path(run_dir) / "summary.json"
-    if not summary_path.is_file():
-        raise FileNotFoundError(f"{summary_path}: not found (is {run_dir} a kvdiag run directory?)")
-    try:
-        summary = json.loads(summary_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{summary_path}: not valid JSON ({e})") from None
+    summary = read_summary(run_dir)
     regress = summary.get("regress")
     if not regress or "key" not in regress:
         raise KvdiagError(f"{run_dir}: not made by `kvdiag regress` (summary.json has no baseline key)")

@@ -6,7 +6,6 @@ styles an inline <style>, and the page reads the same without JavaScript.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -104,15 +103,12 @@ def load_run(run_dir: Path) -> tuple[DataFrame, dict]:
     """The run's records and summary; FileNotFoundError / ValueError name the bad file."""
     import pandas as pd
 
-    results, summary = run_dir / "results.parquet", run_dir / "summary.json"
-    for path in (results, summary):
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: not found (is {run_dir} a kvdiag run directory?)")
-    try:
-        data = json.loads(summary.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{summary}: not valid JSON ({exc})") from exc
-    return pd.read_parquet(results), data
+    from kvdiag.runs import read_summary
+
+    results = run_dir / "results.parquet"
+    if not results.is_file():
+        raise FileNotFoundError(f"{results}: not found (is {run_dir} a kvdiag run directory?)")
+    return pd.read_parquet(results), read_summary(run_dir)
 
 
 def render_report(results: DataFrame, summary: dict, history: DataFrame | None = None) -> str:

@@ -48,34 +48,37 @@ class Endpoint:
 
     # --- plumbing ------------------------------------------------------------------------
     def _sync(self, method: str, path: str, **kw) -> httpx.Response:
-        delay = 0.5
         for attempt in range(self.retries + 1):
             try:
                 r = self.sync.request(method, path, **kw)
             except httpx.TransportError as e:
-                if attempt == self.retries:
-                    raise EndpointError(f"cannot reach {self.base}: {type(e).__name__}") from None
-            else:
-                if r.status_code not in RETRY_STATUS or attempt == self.retries:
-                    return r
-            time.sleep(delay)
-            delay *= 2
+                r = e
+            if self._final(attempt, r):
+                return r
+            time.sleep(0.5 * 2 ** attempt)
         raise AssertionError("unreachable")
 
     async def _async(self, method: str, path: str, **kw) -> httpx.Response:
-        delay = 0.5
         for attempt in range(self.retries + 1):
             try:
                 r = await self.client.request(method, path, **kw)
             except httpx.TransportError as e:
-                if attempt == self.retries:
-                    raise EndpointError(f"cannot reach {self.base}: {type(e).__name__}") from None
-            else:
-                if r.status_code not in RETRY_STATUS or attempt == self.retries:
-                    return r
-            await asyncio.sleep(delay)
-            delay *= 2
+                r = e
+            if self._final(attempt, r):
+                return r
+            await asyncio.sleep(0.5 * 2 ** attempt)
         raise AssertionError("unreachable")
+
+    def _final(self, attempt: int, r: httpx.Response | httpx.TransportError) -> bool:
+        """Whether this attempt's response is the answer (retry a transport error or a status
+        in RETRY_STATUS, with backoff 0.5 s, 1 s, 2 s ...); a transport error on the last
+        attempt raises EndpointError."""
+        last = attempt == self.retries
+        if isinstance(r, httpx.TransportError):
+            if last:
+                raise EndpointError(f"cannot reach {self.base}: {type(r).__name__}") from None
+            return False
+        return last or r.status_code not in RETRY_STATUS
 
     # --- what the probe uses -------------------------------------------------------------
     def check(self) -> list[str]:
