@@ -34,15 +34,14 @@ def run(checkpoint, plan, allocator: str, capture: bool) -> tuple[float, float]:
     from benchmarks.allocator_vs_vllm import TimedAllocator
     from kvdiag.runners.reference import _engine_config
     from reference_engine.engine import LLMEngine
-    from reference_engine.sessions import run_sessions
+    from reference_engine.sessions import fixed_prompts, run_sessions
 
     config = _engine_config(plan, allocator, "cpu", None)
     config = type(config)(**{**config.__dict__, "capture_attention": capture})
     engine = LLMEngine(checkpoint, config)
     engine.allocator = engine.scheduler.allocator = timed = TimedAllocator(engine.allocator)
     t0 = time.perf_counter()
-    turns = run_sessions(engine, list(range(len(plan.sessions))),
-                         lambda s, r, _t: plan.prompts[s][r] if r < plan.case.rounds else None,
+    turns = run_sessions(engine, list(range(len(plan.sessions))), fixed_prompts(plan.prompts),
                          max_tokens=plan.case.max_tokens, think_steps=plan.schedule.think)
     seconds = time.perf_counter() - t0
     assert turns, "no turns ran"

@@ -33,11 +33,6 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
 
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """fp32 bytes of K and V for one token across all layers."""
-        return self.num_hidden_layers * 2 * self.num_key_value_heads * self.head_dim * 4
-
     @classmethod
     def from_dict(cls, d: dict, source: str = "config.json") -> ModelConfig:
         archs = d.get("architectures") or []

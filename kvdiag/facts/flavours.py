@@ -212,8 +212,3 @@ def _value_words() -> tuple[str, ...]:
 
 VALUE_WORDS: tuple[str, ...] = _value_words()
 
-
-def fact_keys() -> tuple[str, ...]:
-    """Every composite key token (entity slug + relation code), of every flavour, in order."""
-    return tuple(f"{slug}{rel.code}" for fl in FLAVOUR_TABLE.values()
-                 for _, slug in fl.entities for rel in fl.relations)

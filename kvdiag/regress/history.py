@@ -11,7 +11,6 @@ next open, and the run's own directory still holds what it measured.
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import time
@@ -163,6 +162,3 @@ def integrity(path: Path) -> str:
     finally:
         con.close()
 
-
-def key_of(row) -> dict:
-    return json.loads(row["key_json"]) if row.get("key_json") else {}

@@ -53,16 +53,13 @@ def run_case(plan: CasePlan, checkpoint, allocators: list[str], *, device: str =
     from reference_engine.config import EngineConfig
     from reference_engine.engine import LLMEngine
     from reference_engine.reference import ContiguousEngine
-    from reference_engine.sessions import run_sessions
+    from reference_engine.sessions import fixed_prompts, run_sessions
 
     result = CaseResult(plan)
     sessions, prompts, case = plan.sessions, plan.prompts, plan.case
     tok = checkpoint.tokenizer
     checker = Checker(plan.style, spacy_model)
     keys = list(range(len(sessions)))
-
-    def next_prompt(s, r, _turns):
-        return prompts[s][r] if r < case.rounds else None
 
     def tick(_seq):
         if progress:
@@ -76,7 +73,8 @@ def run_case(plan: CasePlan, checkpoint, allocators: list[str], *, device: str =
         t0 = time.perf_counter()
         ref_engine = ContiguousEngine(checkpoint, EngineConfig(device=device, dtype=dtype,
                                                                max_num_seqs=plan.suite.max_num_seqs))
-        reference = run_sessions(ref_engine, keys, next_prompt, max_tokens=case.max_tokens, on_finish=tick)
+        reference = run_sessions(ref_engine, keys, fixed_prompts(prompts), max_tokens=case.max_tokens,
+                                 on_finish=tick)
         del ref_engine
         result.seconds[CONTIGUOUS] = time.perf_counter() - t0
         result.records += _records(plan, CONTIGUOUS, reference, reference, tok, checker)
@@ -84,7 +82,7 @@ def run_case(plan: CasePlan, checkpoint, allocators: list[str], *, device: str =
             t0 = time.perf_counter()
             capture.lines = result.engine_log.setdefault(name, [])
             engine = LLMEngine(checkpoint, _engine_config(plan, name, device, dtype))
-            turns = run_sessions(engine, keys, next_prompt, max_tokens=case.max_tokens,
+            turns = run_sessions(engine, keys, fixed_prompts(prompts), max_tokens=case.max_tokens,
                                  think_steps=plan.schedule.think, on_finish=tick)
             result.seconds[name] = time.perf_counter() - t0
             result.records += _records(plan, name, turns, reference, tok, checker)
