@@ -1,0 +1,96 @@
+"""What a run ran on: package versions, platform, CPU and git commit, as one JSON-ready dict.
+
+summary.json carries it as its `environment` block, so a result says how it was made (as
+sacrebleu's signatures do) without the reader rerunning anything. Cheap by contract: package
+versions come from installed metadata (importlib.metadata), nothing heavy is imported, and
+the git commit costs one `git` call that may fail silently.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+# distribution name -> key in the block; absent packages are reported as None
+PACKAGES = {"kvdiag": "kvdiag", "torch": "torch", "transformers": "transformers",
+            "spacy": "spacy", "sacrebleu": "sacrebleu"}
+
+
+def describe_environment(*, vllm_version: str | None = None,
+                         spacy_model: str | None = None) -> dict:
+    """The environment block: {"packages": {name: version | None}, "spacy_models": {...},
+    "python", "platform", "machine", "cpu", "cpu_count", "git": {"commit", "dirty"} | None}.
+
+    `vllm_version`: the vLLM the run used (a live server reports its own), added as
+    packages["vllm"]; omitted when None. `spacy_model`: the model name the fact checker was
+    asked for; listed with its version, or None when it is not installed (the checker then
+    falls back to a blank pipeline). Every installed spaCy model is listed as well.
+    """
+    packages = {key: _version(dist) for dist, key in PACKAGES.items()}
+    if vllm_version is not None:
+        packages["vllm"] = vllm_version
+    models = installed_spacy_models()
+    if spacy_model:
+        models.setdefault(spacy_model, _version(spacy_model))
+    return {
+        "packages": packages,
+        "spacy_models": models,
+        "python": platform.python_version(),
+        "implementation": sys.implementation.name,
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "git": git_commit(Path(__file__).resolve().parent.parent),
+    }
+
+
+def installed_spacy_models() -> dict[str, str | None]:
+    """name -> version of spaCy model packages (they register the `spacy_models` entry point)."""
+    found = {}
+    for entry in metadata.entry_points(group="spacy_models"):
+        dist = getattr(entry, "dist", None)
+        found[entry.name] = dist.version if dist is not None else _version(entry.name)
+    return found
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo), else platform.processor(), else ''."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.lower().startswith(("model name", "hardware", "cpu model")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or ""
+
+
+def git_commit(where: Path) -> dict | None:
+    """{"commit": short sha, "dirty": bool} when `where` is inside a git checkout, else None.
+
+    None too when git is absent or slow: describing a run must never fail the run.
+    """
+    if not (where / ".git").exists():  # an installed wheel: site-packages is no checkout
+        return None
+    try:
+        sha = _git(where, "rev-parse", "--short", "HEAD")
+        status = _git(where, "status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": sha.strip(), "dirty": bool(status.strip())}
+
+
+def _git(where: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(where), *args], capture_output=True, text=True,
+                          check=True, timeout=5).stdout
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
