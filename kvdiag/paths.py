@@ -1,11 +1,20 @@
-"""Where the bundled files are: the repository's fixtures/ and suites/ folders."""
+"""Where the bundled files are, in a checkout and in an installed wheel alike.
+
+The suites and the canary live where users see them, in the checkout's `suites/` and
+`fixtures/canary/`. `kvdiag/_bundled/` holds relative symlinks to those two folders, so
+that setuptools ships them as package data (the wheel and the sdist hold real copies) and
+the same two paths below work in a checkout, an editable install and a wheel.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = REPO_ROOT / "fixtures"
-SUITES = REPO_ROOT / "suites"
-CANARY = FIXTURES / "canary"
+PACKAGE = Path(__file__).resolve().parent
+BUNDLED = PACKAGE / "_bundled"
+SUITES = BUNDLED / "suites"
+CANARY = BUNDLED / "canary"
+# The checkout root: meaningful only when kvdiag runs from a checkout (tests, scripts);
+# nothing that an installed kvdiag needs may live only here.
+REPO_ROOT = PACKAGE.parent
 REPORTS = Path("reports")  # relative to where kvdiag runs

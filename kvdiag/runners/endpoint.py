@@ -3,7 +3,6 @@ retries and backoff, token counts through /tokenize, and /metrics scrapes."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from dataclasses import dataclass, field
@@ -11,8 +10,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from kvdiag.errors import EndpointError
-
-RETRY_STATUS = {429, 500, 502, 503, 504}
+from kvdiag.runners import retry
 
 
 @dataclass
@@ -30,11 +28,12 @@ class ChatResult:
 
 class Endpoint:
     def __init__(self, base_url: str, model: str, api_key: str | None = None, *,
-                 timeout: float = 300.0, retries: int = 4) -> None:
+                 timeout: float = 300.0, retries: int = 4,
+                 max_wait: float = retry.MAX_WAIT) -> None:
         self.base = base_url.rstrip("/")
         if self.base.endswith("/v1"):
             self.base = self.base[:-3]
-        self.model, self.retries = model, retries
+        self.model, self.retries, self.max_wait = model, retries, max_wait
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.sync = httpx.Client(base_url=self.base, headers=headers, timeout=timeout)
         self.client = httpx.AsyncClient(base_url=self.base, headers=headers, timeout=timeout,
@@ -48,37 +47,13 @@ class Endpoint:
 
     # --- plumbing ------------------------------------------------------------------------
     def _sync(self, method: str, path: str, **kw) -> httpx.Response:
-        for attempt in range(self.retries + 1):
-            try:
-                r = self.sync.request(method, path, **kw)
-            except httpx.TransportError as e:
-                r = e
-            if self._final(attempt, r):
-                return r
-            time.sleep(0.5 * 2 ** attempt)
-        raise AssertionError("unreachable")
+        """One request, retried as kvdiag/runners/retry.py says (Retry-After honoured)."""
+        return retry.request(self.sync, self.retries, self.base, method, path,
+                             self.max_wait, **kw)
 
     async def _async(self, method: str, path: str, **kw) -> httpx.Response:
-        for attempt in range(self.retries + 1):
-            try:
-                r = await self.client.request(method, path, **kw)
-            except httpx.TransportError as e:
-                r = e
-            if self._final(attempt, r):
-                return r
-            await asyncio.sleep(0.5 * 2 ** attempt)
-        raise AssertionError("unreachable")
-
-    def _final(self, attempt: int, r: httpx.Response | httpx.TransportError) -> bool:
-        """Whether this attempt's response is the answer (retry a transport error or a status
-        in RETRY_STATUS, with backoff 0.5 s, 1 s, 2 s ...); a transport error on the last
-        attempt raises EndpointError."""
-        last = attempt == self.retries
-        if isinstance(r, httpx.TransportError):
-            if last:
-                raise EndpointError(f"cannot reach {self.base}: {type(r).__name__}") from None
-            return False
-        return last or r.status_code not in RETRY_STATUS
+        return await retry.arequest(self.client, self.retries, self.base, method, path,
+                                    self.max_wait, **kw)
 
     # --- what the probe uses -------------------------------------------------------------
     def check(self) -> list[str]:
