@@ -1,6 +1,8 @@
 """The engine behind the HTTP server: one thread owns the LLMEngine and steps it while
 requests are in flight; asyncio callers submit requests and await tokens. Concurrent
-requests are batched by the engine's scheduler, as in any continuous-batching server."""
+requests are batched by the engine's scheduler, as in any continuous-batching server.
+A request whose caller goes away (its stream is aborted, or the awaiting task cancelled)
+is dropped from the engine at the next step boundary and its KV blocks freed."""
 
 from __future__ import annotations
 
@@ -32,12 +34,53 @@ class _Submission:
     events: asyncio.Queue  # TokenEvent ..., then the finished Sequence
     seq: Sequence | None = None
     sent: int = 0
+    aborted: bool = False  # set on the event loop; the engine thread drops the request
+
+
+class RequestAborted(Exception):
+    """The request was aborted before it finished (its client went away)."""
+
+
+class RequestStream:
+    """Async iterator over one request's TokenEvents, then its finished Sequence. abort(),
+    or cancelling the task that awaits the next item, aborts the request in the engine;
+    the iterator then raises RequestAborted."""
+
+    def __init__(self, core: AsyncEngine, sub: _Submission) -> None:
+        self._core, self._sub, self.done = core, sub, False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self):
+        if self.done and self._sub.events.empty():
+            raise StopAsyncIteration
+        try:
+            item = await self._sub.events.get()
+        except asyncio.CancelledError:
+            self.abort()
+            raise
+        if isinstance(item, BaseException):
+            self.done = True
+            raise item
+        if isinstance(item, Sequence):
+            self.done = True
+        return item
+
+    def abort(self) -> None:
+        """Drop the request unless it already finished (idempotent; event loop only)."""
+        if self.done:
+            return
+        self.done = True
+        self._core.abort(self._sub)
 
 
 class AsyncEngine:
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
         self._inbox: queue.Queue[_Submission] = queue.Queue()
+        self._aborts: queue.Queue[_Submission] = queue.Queue()
+        self.num_aborted = 0  # requests dropped before they finished (kvdiag_requests_aborted_total)
         self._active: dict[Sequence, _Submission] = {}
         self._wake = threading.Event()
         self._stop = False
@@ -52,32 +95,30 @@ class AsyncEngine:
         self._thread.join(timeout=5)
 
     def submit(self, prompt_ids: list[int], max_tokens: int, cache_salt: str | None,
-               logprobs: int | None):
+               logprobs: int | None) -> RequestStream:
         """Validate now (raises on bad input, before any response starts), queue the request,
-        and return an async iterator of TokenEvents ending with the finished Sequence."""
+        and return its RequestStream. Call on the event loop."""
         self.engine.validate(prompt_ids, max_tokens, cache_salt)
         sub = _Submission(prompt_ids, max_tokens, cache_salt, logprobs, asyncio.get_running_loop(),
                           asyncio.Queue())
         self._inbox.put(sub)
         self._wake.set()
-        return self._events(sub)
+        return RequestStream(self, sub)
 
-    async def _events(self, sub: _Submission):
-        while True:
-            item = await sub.events.get()
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-            if isinstance(item, Sequence):
-                return
+    def abort(self, sub: _Submission) -> None:
+        sub.aborted = True
+        sub.events.put_nowait(RequestAborted("the request was aborted"))
+        self._aborts.put(sub)
+        self._wake.set()
 
     # --- the engine thread -------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop:
+            self._wake.clear()  # before draining: a submit or abort after this wakes the wait
             self._drain_inbox()
+            self._drain_aborts()
             if not self.engine.has_unfinished():
                 self._wake.wait(timeout=0.5)
-                self._wake.clear()
                 continue
             try:
                 with self.lock:
@@ -97,6 +138,9 @@ class AsyncEngine:
                 sub = self._inbox.get_nowait()
             except queue.Empty:
                 return
+            if sub.aborted:  # gone before it reached the engine
+                self.num_aborted += 1
+                continue
             try:
                 with self.lock:
                     sub.seq = self.engine.add_request(sub.prompt_ids, sub.max_tokens,
@@ -105,6 +149,17 @@ class AsyncEngine:
                 sub.loop.call_soon_threadsafe(sub.events.put_nowait, e)
                 continue
             self._active[sub.seq] = sub
+
+    def _drain_aborts(self) -> None:
+        while True:
+            try:
+                sub = self._aborts.get_nowait()
+            except queue.Empty:
+                return
+            if sub.seq is not None and self._active.pop(sub.seq, None) is not None:
+                with self.lock:
+                    self.engine.abort_request(sub.seq)
+                self.num_aborted += 1
 
     def _publish(self, finished: list[Sequence]) -> None:
         logits = self.engine.runner.last_logits

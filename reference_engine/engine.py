@@ -131,6 +131,11 @@ class LLMEngine:
                          max_model_len=self.max_model_len, block_size=self.config.block_size,
                          num_blocks=self.allocator.num_blocks)
 
+    def abort_request(self, seq: Sequence) -> None:
+        """Drop seq before it finishes and free its blocks; finish_reason becomes "abort"."""
+        if not seq.is_finished:
+            self.scheduler.abort(seq)
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 

@@ -110,6 +110,17 @@ class Scheduler:
         self.num_preemptions += 1
         out.preempted.append(seq)
 
+    def abort(self, seq: Sequence) -> None:
+        """Drop an unfinished seq, waiting or running, and free its blocks (the client went
+        away). Its full blocks stay in the prefix cache, as after a normal finish."""
+        if seq in self.running:
+            self.running.remove(seq)
+            self.allocator.free(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)  # a waiting seq holds no blocks (preemption freed them)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = "abort"
+
     def finish(self, seq: Sequence, reason: str) -> None:
         self.running.remove(seq)
         self.allocator.free(seq)

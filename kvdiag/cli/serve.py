@@ -38,12 +38,22 @@ def serve(
         "sees them (nan models vLLM #35138's other tenant).")] = None,
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = None,
+    max_body_bytes: Annotated[int | None, typer.Option(
+        "--max-body-bytes", min=1, help="Largest request body; a larger one gets 413 "
+        "(default: 1 MiB, or 32 bytes per token of --max-model-len if that is more).")] = None,
+    api_key: Annotated[str | None, typer.Option(
+        "--api-key", envvar="KVDIAG_API_KEY", show_default=False,
+        help="Require 'Authorization: Bearer KEY' on every endpoint except /health and "
+        "/metrics, which stay open (401 otherwise). Prefer the environment variable: a "
+        "command line is visible to other users.")] = None,
 ) -> None:
     """Serve the reference engine over an OpenAI-compatible API (FastAPI + uvicorn).
 
     Endpoints: /v1/models, /v1/completions, /v1/chat/completions (plain and SSE streaming,
-    logprobs, cache_salt), /tokenize, /detokenize, /health, /metrics (vLLM's metric names
-    plus kvdiag_guard_rejections_total and kvdiag_foreign_slots_total).
+    logprobs, cache_salt), /tokenize, /detokenize, /reset_prefix_cache, /health, /metrics
+    (vLLM's metric names plus kvdiag_guard_rejections_total, kvdiag_foreign_slots_total and
+    kvdiag_requests_aborted_total). A request whose client disconnects is aborted and its KV
+    blocks freed. With --api-key, /health and /metrics stay open; all else needs the key.
     """
     import uvicorn
 
@@ -57,6 +67,7 @@ def serve(
                           device=device, dtype=dtype, recycled_block_fill=recycled_block_fill)
     engine = LLMEngine(Path(model), config)
     name = served_model_name or Path(model).name
-    app = create_app(engine, name)
-    Output().info(f"serving {name} ({allocator}) on http://{host}:{port}")
+    app = create_app(engine, name, max_body_bytes=max_body_bytes, api_key=api_key or None)
+    auth = ", API key required" if api_key else ""  # never the key itself
+    Output().info(f"serving {name} ({allocator}) on http://{host}:{port}{auth}")
     uvicorn.run(app, host=host, port=port, log_level="warning")
