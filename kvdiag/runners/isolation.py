@@ -168,7 +168,10 @@ def run_isolation(ep: Endpoint, plan: IsolationPlan, *, block_size: int | None =
     the first measured request does not raise: the result says what was measured.
     `progress(done_cells, total_cells)` is called after each measured cell."""
     t0 = time.perf_counter()
-    ep.check()
+    served = ep.check()
+    if plan.adapter is not None and plan.adapter not in served:
+        raise EndpointError(f"{ep.base} does not serve the adapter {plan.adapter!r} (it serves: "
+                            f"{', '.join(map(str, served))})")
     server = server_facts(ep, block_size)
     bs, seed = server["block_size"], plan.seed if plan.seed is not None else secrets.randbits(48)
     rng = random.Random(seed)
