@@ -24,7 +24,10 @@ header{border-bottom:3px solid #888;margin-bottom:8px}
 h1{font-size:24px;margin:18px 0 6px} h2{font-size:18px;margin:28px 0 6px}
 .badge{display:inline-block;padding:2px 12px;border-radius:4px;color:#fff;margin-right:8px}
 .verdict-pass .badge{background:#1a7f37} .verdict-fail .badge{background:#c0392b}
+.verdict-inconclusive .badge{background:#b7791f;color:#1b1b1b}
 .verdict-pass{border-color:#1a7f37} .verdict-fail{border-color:#c0392b}
+.verdict-inconclusive{border-color:#b7791f}
+p.meaning{margin:4px 0 8px;font-size:15px}
 dl.meta{display:grid;grid-template-columns:max-content 1fr;gap:2px 14px;margin:8px 0}
 dl.meta dt{font-weight:600;color:#444} dl.meta dd{margin:0;overflow-wrap:anywhere}
 pre{background:#f4f4f4;border:1px solid #ddd;padding:8px;white-space:pre-wrap;
@@ -49,22 +52,29 @@ _PAGE = """<!DOCTYPE html>
 <body>
 <header class="verdict-{{ verdict|lower }}">
 <h1 id="verdict"><span class="badge">{{ verdict }}</span>kvdiag · suite {{ suite }}</h1>
+<p class="meaning" id="verdict-meaning">{{ meaning }}</p>
 <dl class="meta">
 <dt>targets</dt><dd>{{ targets }}</dd><dt>cases</dt><dd>{{ cases }}</dd>
 <dt>signature</dt><dd><code>{{ signature }}</code></dd>
 <dt>created</dt><dd>{{ created }}</dd><dt>wall time</dt><dd>{{ wall }}</dd>
 <dt>BLEU</dt><dd><code>{{ bleu_signature }}</code></dd>
 </dl>
-<p>Rerun with:</p><pre><code>{{ command }}</code></pre>
+{% if environment %}<details id="environment"><summary>Environment</summary>
+<dl class="meta">{% for key, value in environment %}<dt>{{ key }}</dt><dd>{{ value }}</dd>
+{% endfor %}</dl></details>{% endif %}
+<p>Rerun with (writes a new run directory):</p><pre><code>{{ command }}</code></pre>
 </header>
 <nav><a href="#decay">decay curves</a><a href="#alerts">SQDR / BRAI</a>
-<a href="#heatmap">heatmap</a><a href="#ablations">ablations</a>
+<a href="#heatmap">heatmap</a>{% if ablation_table %}<a href="#ablations">ablations</a>{% endif %}
 {% if trend %}<a href="#trend">trend</a>{% endif %}</nav>
 <section id="decay"><h2>Decay per round · case {{ main_case }}</h2>
 <figure class="plot">{{ decay_svg }}
 <figcaption>One line per allocator or target; the contiguous reference (ground truth, no
 paging) is the black dashed line on a grey band. A dotted vertical line and a ring mark the round where a
-series' outputs first depart from the reference's.</figcaption></figure></section>
+series' outputs first depart from the reference's. The reference has no cache, so the
+block reuse panel leaves it out. Hover over a point for its value.</figcaption></figure>
+<details><summary>Per-round values · case {{ main_case }}</summary>{{ rounds_table }}</details>
+</section>
 {% for case, svg in other_decay %}<section id="decay-{{ case }}"><h2>Decay per round · case {{ case }}</h2>
 <figure class="plot">{{ svg }}<figcaption>Drawn because a series departs from the reference in
 this case too; the same encoding as above.</figcaption></figure></section>{% endfor %}
@@ -75,12 +85,11 @@ alert &gt; 0.01. BRAI = |block reuse rate − the guarded baseline's|: alert &gt
 <section id="heatmap"><h2>{{ heat_title }} by session × round · case {{ main_case }}</h2>
 {% if heat_svg %}<figure class="plot">{{ heat_svg }}<figcaption>{{ heat_caption }}</figcaption>
 </figure>{% else %}<p class="note">No rows to draw.</p>{% endif %}</section>
-<section id="ablations"><h2>Ablations</h2>
+{% if ablation_table %}<section id="ablations"><h2>Ablations</h2>
 <p class="note">One row per case × allocator (or target), over all rounds. Control cases should
 stay flat: no foreign slots, no leakage, fact-check and BLEU-4 equal to the reference.</p>
 {{ ablation_table }}
-<details><summary>Per-round values · case {{ main_case }}</summary>{{ rounds_table }}</details>
-</section>
+</section>{% endif %}
 {% if trend %}<section id="trend"><h2>Trend over runs</h2>
 <figure class="plot">{{ trend }}</figure>{{ history_table }}</section>{% endif %}
 <footer><p class="note">The guarded allocator's SequenceGuard (generation stamps checked on
@@ -118,6 +127,7 @@ def render_report(results: DataFrame, summary: dict, history: DataFrame | None =
 
     from kvdiag.metrics.decay import MAIN_CASE, per_round, series_name, summarize
     from kvdiag.report import plots, tables
+    from kvdiag.report.meaning import rerun_command, verdict_meaning
 
     df = results.copy()
     df["series"] = [series_name(t, a) for t, a in zip(df["target"], df["allocator"])]
@@ -137,12 +147,13 @@ def render_report(results: DataFrame, summary: dict, history: DataFrame | None =
     page = jinja2.Environment(autoescape=True).from_string(_PAGE)
     return page.render(
         css=Markup(_CSS), verdict=verdict, suite=summary.get("suite", "?"),
+        meaning=verdict_meaning(summary), environment=environment_rows(summary.get("environment")),
         targets=", ".join(summary.get("targets") or dict.fromkeys(df["target"])),
         cases=", ".join(summary.get("cases") or cases), main_case=main,
         signature=summary.get("signature", "?"), created=summary.get("created", "?"),
         wall=_seconds(summary.get("wall_seconds")),
         bleu_signature=summary.get("bleu_signature", computed["bleu_signature"]),
-        command=summary.get("command", "(not recorded in summary.json)"),
+        command=rerun_command(summary.get("command")) or "(not recorded in summary.json)",
         decay_svg=Markup(plots.decay_curves(
             main_table, departure_rounds(main_table),
             f"Per-round quality · suite {summary.get('suite', '?')} · case {main}")),
@@ -154,7 +165,8 @@ def render_report(results: DataFrame, summary: dict, history: DataFrame | None =
         heat_title=heat[1].capitalize() if heat else "Leakage",
         heat_svg=Markup(plots.heatmap(heat[0], heat[1])) if heat else None,
         heat_caption=heat[2] if heat else "",
-        ablation_table=Markup(tables.to_html(tables.ablation_table(df, by_case), "ablations")),
+        ablation_table=Markup(tables.to_html(tables.ablation_table(df, by_case), "ablations"))
+        if len(cases) > 1 else None,  # one case: nothing was ablated
         rounds_table=Markup(tables.to_html(tables.rounds_table(main_table), "rounds")),
         trend=Markup(plots.trend(history)) if history is not None and len(history) else None,
         history_table=Markup(tables.to_html(tables.history_table(history), "history"))
@@ -219,6 +231,23 @@ def _divergence(record: dict) -> float:
         return 0.0
     length = max(len(record["output_token_ids"]), len(record["reference_token_ids"]), 1)
     return 1.0 - int(first) / length
+
+
+def environment_rows(environment: dict | None) -> list[tuple[str, str]]:
+    """summary.json's environment block (kvdiag.environment) as (label, text) rows; [] if none."""
+    if not isinstance(environment, dict):
+        return []
+    rows = [(name, str(version)) for name, version in (environment.get("packages") or {}).items()
+            if version is not None]
+    rows += [(f"spaCy model {name}", str(version or "not installed"))
+             for name, version in (environment.get("spacy_models") or {}).items()]
+    for key in ("python", "platform", "cpu", "cpu_count"):
+        if environment.get(key) not in (None, ""):
+            rows.append((key.replace("_", " "), str(environment[key])))
+    git = environment.get("git")
+    if isinstance(git, dict) and git.get("commit"):
+        rows.append(("git commit", git["commit"] + (" (uncommitted changes)" if git.get("dirty") else "")))
+    return rows
 
 
 def _seconds(value) -> str:

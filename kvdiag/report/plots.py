@@ -4,6 +4,8 @@ Every function takes already-aggregated data (see `kvdiag.metrics.decay.per_roun
 returns a string holding one `<svg>` element whose ids are prefixed, so several can share a
 page. Colours are the Okabe-Ito set (distinguishable with colour-blindness), each series
 also gets its own marker; the contiguous reference is black, dashed, on a grey band.
+Every point of a curve carries an SVG `<title>` (series, round, value) that browsers show
+on hover, without any script. The reference has no cache: it is left out of the reuse panel.
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
+from kvdiag.vocab import CONTIGUOUS
+
 if TYPE_CHECKING:
     from pandas import DataFrame
 
-REFERENCES = ("contiguous", "isolated")  # the ground truth of reference runs and of live probes
+REFERENCES = (CONTIGUOUS, "isolated")  # the ground truth of reference runs and of live probes
+NO_CACHE_PANELS = ("block_reuse_rate",)  # meaningless for a reference (it has no cache)
 PALETTE = ("#D55E00", "#009E73", "#E69F00", "#CC79A7", "#56B4E9", "#7F3C8D", "#8C6D31")
 BASELINE_COLOUR = "#0072B2"
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<")
@@ -56,12 +61,17 @@ def decay_curves(table: DataFrame, departures: Mapping[str, int | None], title: 
     plt = _pyplot()
     names = list(dict.fromkeys(table["series"]))
     style = colours(names)
+    hover: dict[str, list[str]] = {}
     with plt.rc_context(_RC):
         fig, axes = plt.subplots(2, 2, figsize=(10, 6.4), sharex=True)
         for ax, (column, label, ylim) in zip(axes.flat, PANELS):
             for name in names:
+                if name in REFERENCES and column in NO_CACHE_PANELS:
+                    continue
                 rows = table[table["series"] == name].sort_values("round")
                 _line(ax, rows["round"], rows[column], name, style[name])
+                _hover(ax, rows["round"], rows[column], hover,
+                       lambda x, y, n=name, lab=label: f"{n} · round {x:g} · {lab}: {y:.4g}")
                 r = departures.get(name)
                 if r is not None and name not in REFERENCES:
                     y = rows.loc[rows["round"] == r, column]
@@ -70,7 +80,8 @@ def decay_curves(table: DataFrame, departures: Mapping[str, int | None], title: 
                         ax.plot([r], [float(y.iloc[0])], marker="o", markersize=13,
                                 markerfacecolor="none", markeredgecolor=style[name][0],
                                 markeredgewidth=2, linestyle="none")
-            if table[column].isna().all():
+            shown = table[~table["series"].isin(REFERENCES)] if column in NO_CACHE_PANELS else table
+            if shown[column].isna().all():
                 ax.text(0.5, 0.5, "not measured here", transform=ax.transAxes,
                         ha="center", va="center", color="#555555")
             ax.set_ylabel(label)
@@ -87,7 +98,7 @@ def decay_curves(table: DataFrame, departures: Mapping[str, int | None], title: 
                    frameon=False, fontsize=9)
         fig.suptitle(title, x=0.01, ha="left", fontsize=11)
         fig.tight_layout(rect=(0, 0.04 + 0.035 * math.ceil(len(handles) / 4), 1, 0.96))
-        return _svg(fig, prefix)
+        return _svg(fig, prefix, hover)
 
 
 def heatmap(grids: Mapping[str, DataFrame], measure: str) -> str:
@@ -120,7 +131,7 @@ def heatmap(grids: Mapping[str, DataFrame], measure: str) -> str:
 def trend(history: DataFrame) -> str:
     """SQDR and BRAI of past runs, one line per target, with their alert thresholds."""
     from kvdiag.metrics.decay import SQDR_ALERT, SQDR_HEALTHY
-    from kvdiag.metrics.reuse import BRAI_ALERT
+    from kvdiag.vocab import BRAI_MAX
 
     plt = _pyplot()
     history = history.sort_values("created")
@@ -130,14 +141,18 @@ def trend(history: DataFrame) -> str:
     history = history.assign(x=[runs.index(r) for r in history[key]])
     names = list(dict.fromkeys(history["target"]))
     style = colours(names)
+    hover: dict[str, list[str]] = {}
     with plt.rc_context(_RC):
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
         for ax, column, lines in ((axes[0], "sqdr", ((SQDR_HEALTHY, "healthy", "#009E73"),
                                                      (SQDR_ALERT, "alert", "#D55E00"))),
-                                  (axes[1], "brai", ((BRAI_ALERT, "alert", "#D55E00"),))):
+                                  (axes[1], "brai", ((BRAI_MAX, "alert", "#D55E00"),))):
             for name in names:
                 rows = history[history["target"] == name]
                 _line(ax, rows["x"], rows[column], name, style[name])
+                _hover(ax, rows["x"], rows[column], hover,
+                       lambda x, y, n=name, c=column: f"{n} · {created[runs[int(x)]]} · "
+                                                      f"{c.upper()}: {y:.4g}")
                 failed = rows[rows["verdict"].astype(str).str.lower() == "fail"]
                 ax.plot(failed["x"], failed[column], "x", color="#D55E00", markersize=9,
                         markeredgewidth=2, label="_failed")
@@ -152,7 +167,7 @@ def trend(history: DataFrame) -> str:
             ax.set_title(f"{column.upper()} over runs (x: failed run)", loc="left", fontsize=10)
         axes[0].legend(frameon=False, fontsize=8)
         fig.tight_layout()
-        return _svg(fig, "trend")
+        return _svg(fig, "trend", hover)
 
 
 def _pyplot():
@@ -174,27 +189,61 @@ def _line(ax, x, y, name: str, style: tuple[str, str]) -> None:
                 zorder=2)
 
 
+def _hover(ax, x, y, hover: dict[str, list[str]], title) -> None:
+    """Invisible hit targets on every finite point, one `<title>` each (added by _svg)."""
+    gid = f"hover-{len(hover)}"
+    points = [(float(a), float(b)) for a, b in zip(x, y) if not math.isnan(float(b))]
+    hover[gid] = [title(a, b) for a, b in points]
+    ax.plot([a for a, _ in points], [b for _, b in points], linestyle="none", marker="o",
+            markersize=9, alpha=0, gid=gid, label="_hover", zorder=6)
+
+
+def _titled(text: str, hover: Mapping[str, list[str]]) -> str:
+    """Give each marker (<use>) of the hover groups its <title>, in plotting order.
+
+    Matplotlib writes one <use> per finite point inside the group's clip <g>; a group whose
+    count differs (never seen) keeps no titles rather than wrong ones.
+    """
+    from xml.sax.saxutils import escape
+
+    for gid, titles in hover.items():
+        start = text.find(f'<g id="{gid}">')
+        if start < 0:
+            continue
+        end = text.find("</g>", text.find("<use", start))
+        uses = list(re.finditer(r"<use ([^>]*?)/>", text[start:end]))
+        if len(uses) != len(titles):
+            continue
+        body = text[start:end]
+        for match, title in reversed(list(zip(uses, titles))):
+            body = (body[:match.start()] + f"<use {match.group(1)}><title>{escape(title)}"
+                    f"</title></use>" + body[match.end():])
+        text = text[:start] + body + text[end:]
+    return text
+
+
 def _handle(plt, name: str, style: tuple[str, str], departs: int | None):
     from matplotlib.lines import Line2D
 
     colour, marker = style
     if name in REFERENCES:
-        label = ("contiguous reference (ground truth)" if name == "contiguous"
+        label = ("contiguous reference (ground truth)" if name == CONTIGUOUS
                  else "isolated runs, fresh cache_salt (ground truth)")
         return Line2D([], [], color=colour, linestyle="--", linewidth=1.4, label=label)
     note = f"departs at round {departs}" if departs is not None else "matches reference"
     return Line2D([], [], color=colour, marker=marker, linewidth=1.8, label=f"{name}: {note}")
 
 
-def _svg(fig, prefix: str) -> str:
-    """The figure as one <svg> element, ids prefixed to stay unique on a shared page."""
+def _svg(fig, prefix: str, hover: Mapping[str, list[str]] | None = None) -> str:
+    """The figure as one <svg> element, ids prefixed to stay unique on a shared page, hover
+    titles added (see _titled)."""
     import matplotlib.pyplot as plt
 
     buffer = io.StringIO()
     fig.savefig(buffer, format="svg", metadata={"Date": None})
     plt.close(fig)
     text = buffer.getvalue()
-    text = text[text.index("<svg"):]
+    text = _titled(text[text.index("<svg"):], hover or {})
     text = re.sub(r'\bid="([^"]+)"', rf'id="{prefix}-\1"', text)
     text = re.sub(r"url\(#([^)]+)\)", rf"url(#{prefix}-\1)", text)
     text = re.sub(r'href="#([^"]+)"', rf'href="#{prefix}-\1"', text)

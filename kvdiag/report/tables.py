@@ -18,6 +18,8 @@ FORMATS = {"SQDR": "{:.4f}", "BRAI": "{:.3f}", "leakage (mean)": "{:.4f}",
            "leakage (max)": "{:.4f}", "fact-check": "{:.3f}", "BLEU-4": "{:.1f}",
            "block reuse": "{:.3f}", "sqdr": "{:.4f}", "brai": "{:.3f}",
            "fact-check pass rate": "{:.3f}", "attention leakage": "{:.4f}"}
+COUNTS = ("foreign slots", "unwritten slots", "guard rejections")  # shown as integers
+BLANK = ""  # a cell that does not apply (a reference's BRAI): empty, unlike "—" (no value)
 
 
 def sqdr_status(value: float | None) -> str:
@@ -30,9 +32,9 @@ def sqdr_status(value: float | None) -> str:
 
 
 def brai_status(value: float | None) -> str:
-    from kvdiag.metrics.reuse import BRAI_ALERT
+    from kvdiag.vocab import BRAI_MAX
 
-    return "n/a" if _missing(value) else "healthy" if value <= BRAI_ALERT else "alert"
+    return "n/a" if _missing(value) else "healthy" if value <= BRAI_MAX else "alert"
 
 
 def ablation_table(df: DataFrame, by_case: Mapping[str, Mapping]) -> DataFrame:
@@ -45,11 +47,13 @@ def ablation_table(df: DataFrame, by_case: Mapping[str, Mapping]) -> DataFrame:
 
     from kvdiag.metrics.base import nan_max, nan_mean
     from kvdiag.metrics.bleu import corpus_bleu
+    from kvdiag.metrics.decay import REFERENCE_ALLOCATORS
 
     rows = []
     for (case, series), g in df.groupby(["case", "series"], sort=False):
         sq = by_case.get(case, {}).get("sqdr", {}).get(series)
         br = by_case.get(case, {}).get("brai", {}).get(series)
+        reference = series in REFERENCE_ALLOCATORS  # no cache, so no reuse to compare
         rows.append({
             "case": case, "allocator / target": series,
             "foreign slots": int(g["foreign_slots"].sum()),
@@ -59,7 +63,8 @@ def ablation_table(df: DataFrame, by_case: Mapping[str, Mapping]) -> DataFrame:
             "fact-check": nan_mean(g["fact_check_pass"]),
             "BLEU-4": corpus_bleu(list(g["output_text"]), list(g["reference_text"])).score,
             "SQDR": _float(sq), "SQDR status": sqdr_status(_float(sq)),
-            "BRAI": _float(br), "BRAI status": brai_status(_float(br)),
+            "BRAI": BLANK if reference else _float(br),
+            "BRAI status": BLANK if reference else brai_status(_float(br)),
         })
     return pd.DataFrame(rows)
 
@@ -98,8 +103,9 @@ def to_html(frame: DataFrame, name: str, caption: str | None = None) -> str:
 
     styler = Styler(frame, uuid=name, cell_ids=False).hide(axis="index")
     formats = {c: _formatter(f) for c, f in FORMATS.items() if c in frame.columns}
-    formats.update({c: _formatter("{:.3f}") for c in frame.columns
-                    if c not in formats and " · " in str(c)})
+    formats.update({c: _formatter("{:.0f}" if str(c).startswith(COUNTS) else "{:.3f}")
+                    for c in frame.columns if c not in formats and " · " in str(c)})
+    formats.update({c: _formatter("{:.0f}") for c in frame.columns if c in COUNTS})
     styler = styler.format(formats, na_rep="—")
     status = [c for c in frame.columns if str(c).endswith("status") or c == "verdict"]
     if status:
@@ -114,7 +120,8 @@ def to_html(frame: DataFrame, name: str, caption: str | None = None) -> str:
 
 
 def _formatter(pattern: str):
-    return lambda v: "—" if _missing(v) else pattern.format(v)
+    return lambda v: BLANK if isinstance(v, str) and v == BLANK else (
+        "—" if _missing(v) else pattern.format(v))
 
 
 def _float(value) -> float | None:

@@ -8,18 +8,23 @@ import json
 import os
 import random
 import re
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from kvdiag.metrics.decay import summarize
+from kvdiag.environment import describe_environment
+from kvdiag.metrics.decay import per_round, summarize
 from kvdiag.report import render_report, write_report
+from kvdiag.report.meaning import rerun_command
 
 CHROMIUM = Path("/usr/bin/chromium")
 WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa",
          "lambda", "mu", "nu", "xi")
-COMMAND = "kvdiag reproduce --suite suites/reproduce.yaml --allocators buggy,guarded --out x"
+RERUN = "kvdiag reproduce --suite suites/reproduce.yaml --allocators buggy,guarded"
+COMMAND = f"{RERUN} --out x"
+GATES = {"trigger/guarded": {"passed": True, "failures": []}}
 
 
 def synthetic_results(sessions: int = 16, rounds: int = 12, seed: int = 0) -> pd.DataFrame:
@@ -66,10 +71,10 @@ def synthetic_results(sessions: int = 16, rounds: int = 12, seed: int = 0) -> pd
     return df
 
 
-def write_run(run_dir: Path, results: pd.DataFrame, verdict: str = "fail") -> Path:
+def write_run(run_dir: Path, results: pd.DataFrame, verdict: str = "fail", **extra) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     results.to_parquet(run_dir / "results.parquet")
-    summary = {"signature": "kvdiag:0.1|engine:reference|alloc:buggy,guarded|bs:16|"
+    summary = {**extra, "signature": "kvdiag:0.1|engine:reference|alloc:buggy,guarded|bs:16|"
                             "model:canary-0123abcd|suite:reproduce|seed:0",
                "suite": "reproduce", "verdict": verdict, "wall_seconds": 41.7,
                "command": COMMAND, "created": "2025-11-29T10:00:00+00:00",
@@ -105,7 +110,8 @@ def test_report_is_self_contained_and_small(report: Path) -> None:
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", text)
     assert "@import" not in text and "url(http" not in text
     assert text.count("<svg") == 3  # decay curves, heatmap, trend
-    assert "FAIL" in text and COMMAND in text and "canary-0123abcd" in text
+    assert "FAIL" in text and RERUN in text and "canary-0123abcd" in text
+    assert COMMAND not in text  # a rerun must not write into this run's directory
     ids = re.findall(r'\bid="([^"]+)"', text)
     assert len(ids) == len(set(ids)), "duplicate element ids"
     for word in ("no-caching", "no-recycling", "SQDR", "BRAI", "0.005", "0.01", "0.05"):
@@ -192,3 +198,131 @@ def test_report_of_a_real_reproduce_run(reproduce_run, tmp_path: Path) -> None:
     assert rebuilt.stat().st_size > 0
     shot = Path(os.environ.get("KVDIAG_ARTIFACTS", tmp_path)) / "report-reproduce.png"
     open_in_chromium(report, shot, "PASS", 2)
+
+
+class _Tables(HTMLParser):
+    """table id -> rows of cell texts (header row first), with the stdlib parser."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: dict[str, list[list[str]]] = {}
+        self._id = self._cell = None
+
+    def handle_starttag(self, tag, attrs) -> None:
+        if tag == "table":
+            self._id = dict(attrs).get("id")
+            self.tables[self._id] = []
+        elif tag == "tr" and self._id:
+            self.tables[self._id].append([])
+        elif tag in ("td", "th") and self._id:
+            self._cell = ""
+
+    def handle_data(self, data) -> None:
+        if self._cell is not None:
+            self._cell += data
+
+    def handle_endtag(self, tag) -> None:
+        if tag in ("td", "th") and self._cell is not None:
+            self.tables[self._id][-1].append(self._cell.strip())
+            self._cell = None
+        elif tag == "table":
+            self._id = None
+
+
+def table(html: str, name: str) -> pd.DataFrame:
+    parser = _Tables()
+    parser.feed(html)
+    header, *rows = parser.tables[f"T_{name}"]
+    return pd.DataFrame(rows, columns=header)
+
+
+def test_verdict_is_said_in_words_next_to_the_badge() -> None:
+    results = synthetic_results(sessions=2, rounds=3)
+    found = {"trigger/buggy": ["round 2: 3 foreign slots"]}
+    cases = {
+        "pass": ({**GATES}, found, ["trigger/guarded", "trigger/buggy", "reproduced"]),
+        "fail": ({"trigger/guarded": {"passed": False, "failures": ["round 3"]}}, found,
+                 ["trigger/guarded", "departed"]),
+        "inconclusive": (GATES, {"trigger/buggy": []}, ["not reproduced", "trigger/buggy"]),
+    }
+    for verdict, (gates, faults, words) in cases.items():
+        html = render_report(results, {"verdict": verdict, "gates": gates, "faults": faults})
+        meaning = re.search(r'<p class="meaning" id="verdict-meaning">([^<]*)</p>', html)[1]
+        assert meaning.startswith(verdict.upper())
+        for word in words:
+            assert word in meaning, (verdict, word, meaning)
+        assert f'<header class="verdict-{verdict}">' in html
+    probe = render_report(results, {"verdict": "fail", "corrupted_requests": 3,
+                                    "corruption_rounds": [2, 3]})
+    assert "3 requests answered from the shared prefix cache" in probe
+    assert ".verdict-inconclusive .badge{background:#b7791f" in probe  # amber
+
+
+def test_counts_are_integers_and_the_reference_has_no_brai(tmp_path: Path) -> None:
+    html = render_report(synthetic_results(sessions=4, rounds=8), {"verdict": "fail"})
+    rounds = table(html, "rounds")
+    counts = [c for c in rounds.columns if c.startswith("foreign slots")]
+    assert counts and all(re.fullmatch(r"\d+", v) for c in counts for v in rounds[c]), rounds
+    assert any(int(v) > 0 for v in rounds["foreign slots · buggy"])
+    ablations = table(html, "ablations")
+    reference = ablations[ablations["allocator / target"] == "contiguous"]
+    assert len(reference) == 3 and set(reference["BRAI"]) == {""}
+    assert set(reference["BRAI status"]) == {""}
+    assert all(re.fullmatch(r"\d+", v) for v in ablations["foreign slots"])
+    buggy = ablations[(ablations["allocator / target"] == "buggy") & (ablations["case"] == "trigger")]
+    assert re.fullmatch(r"\d\.\d{3}", buggy["BRAI"].iloc[0])  # a cache: its BRAI is shown
+
+
+def test_no_ablations_section_without_ablations() -> None:
+    results = synthetic_results(sessions=2, rounds=3)
+    only_main = render_report(results[results["case"] == "trigger"], {"verdict": "pass"})
+    assert 'id="ablations"' not in only_main and 'href="#ablations"' not in only_main
+    assert "Per-round values" in only_main  # still there, under the decay curves
+    assert 'id="ablations"' in render_report(results, {"verdict": "pass"})
+
+
+def test_curves_carry_hover_titles_and_leave_the_reference_out_of_reuse() -> None:
+    results = synthetic_results(sessions=2, rounds=3)
+    main = results[results["case"] == "trigger"]
+    html = render_report(main, {"verdict": "pass"})
+    decay = html[html.index('<section id="decay">'):html.index('<section id="alerts">')]
+    titles = re.findall(r"<title>([^<]*)</title>", decay)
+    rows = per_round(main.assign())
+    finite = sum(rows[c].notna().sum() for c in ("fact_check_pass_rate", "bleu4",
+                                                  "attention_leakage", "block_reuse_rate"))
+    no_reuse = int((rows["allocator"] == "contiguous").sum())  # reference left out of reuse
+    assert len(titles) == finite - no_reuse
+    assert not [t for t in titles if t.startswith("contiguous") and "block reuse" in t]
+    assert [t for t in titles if t.startswith("contiguous") and "fact-check" in t]
+    one = rows[(rows["allocator"] == "buggy") & (rows["round"] == 3)].iloc[0]
+    assert f"buggy · round 3 · BLEU-4: {one['bleu4']:.4g}" in titles
+    assert "<script" not in html.lower()
+
+
+def test_signature_and_environment_are_shown(tmp_path: Path) -> None:
+    environment = describe_environment()
+    out = write_report(write_run(tmp_path / "run", synthetic_results(2, 3), "pass",
+                                 environment=environment))
+    text = out.read_text(encoding="utf-8")
+    assert "canary-0123abcd" in text and '<details id="environment">' in text
+    assert f"<dt>torch</dt><dd>{environment['packages']['torch']}</dd>" in text
+    if environment["git"]:
+        assert environment["git"]["commit"] in text
+    assert '<details id="environment">' not in render_report(synthetic_results(2, 3),
+                                                             {"verdict": "pass"})
+
+
+def test_rerun_command_never_names_the_old_run_directory() -> None:
+    assert rerun_command(COMMAND) == RERUN
+    assert rerun_command("kvdiag probe --out=r1 --url http://h:8000") == (
+        "kvdiag probe --url http://h:8000")
+    assert rerun_command("kvdiag reproduce --out 'my run' --json") == "kvdiag reproduce --json"
+    assert rerun_command(None) is None
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="/usr/bin/chromium absent: apt-get install chromium")
+def test_inconclusive_report_in_headless_chromium(tmp_path: Path) -> None:
+    out = write_report(write_run(tmp_path / "run", synthetic_results(3, 4), "inconclusive",
+                                 gates=GATES, faults={"trigger/buggy": []}))
+    shot = Path(os.environ.get("KVDIAG_ARTIFACTS", tmp_path)) / "report-inconclusive.png"
+    open_in_chromium(out, shot, "INCONCLUSIVE", 3)
