@@ -19,7 +19,7 @@ TITLES = {
     "same-salt": "Same salt for both tenants (positive control: must hit)",
     "adapter": "Salt equal to another tenant's adapter name (judged; vLLM #44701)",
 }
-W, H, L, R, T, B = 460, 230, 52, 16, 14, 40  # plot size and margins, px
+W, H, L, R, T, B = 460, 250, 52, 16, 34, 40  # plot size and margins, px (legend in the top one)
 
 
 def fragment(summary: dict) -> str:
@@ -89,8 +89,8 @@ def plot(rows: list[dict], prefix: str) -> str:
                 out.append(f'<rect x="{a - 3.5:.1f}" y="{b - 3.5:.1f}" width="7" height="7" fill="{colour}"/>')
             if key == "auc" and r.get("leaks"):
                 out.append(f'<circle cx="{a:.1f}" cy="{b:.1f}" r="8" fill="none" stroke="#c0392b" stroke-width="2"/>')
-    out.append(f'<text x="{W - R}" y="{T + 2}" text-anchor="end" fill="#0072B2">● AUC</text>'
-               f'<text x="{W - R}" y="{T + 16}" text-anchor="end" fill="#D55E00">■ cached share</text>')
+    out.append(f'<text x="{L}" y="14" fill="#0072B2">● AUC (correct vs wrong TTFT)</text>'
+               f'<text x="{L + 220}" y="14" fill="#D55E00">■ cached share of the prefix</text>')
     out.append("</svg>")
     return "".join(out)
 
