@@ -55,7 +55,7 @@ def isolation(
     from kvdiag.report.isolation import page
     from kvdiag.runners.endpoint import Endpoint
     from kvdiag.runners.isolation import IsolationPlan, parse_lengths, run_isolation
-    from kvdiag.runs import Timer, new_run_dir
+    from kvdiag.runs import RunDir, Timer
 
     out = Output(as_json)
     timer = Timer()
@@ -63,18 +63,19 @@ def isolation(
                          max_requests=max_requests, max_seconds=max_seconds, alpha=alpha,
                          min_auc=min_auc, seed=seed, adapter=adapter)
     ep = Endpoint(base_url, model, api_key, timeout=120.0, retries=2)
-    try:
-        with Progress(TextColumn("isolation"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=out.err, transient=True, disable=as_json) as bar:
-            task = bar.add_task("isolation", total=None)
-            result = run_isolation(ep, plan, block_size=block_size,
-                                   progress=lambda done, total: bar.update(task, completed=done, total=total))
-    finally:
-        ep.sync.close()
-    run_dir = new_run_dir(out_dir, "isolation")
-    summary = isolation_summary(result, base_url=base_url, model=model, wall_seconds=timer.seconds)
-    write_isolation_run(run_dir, result, summary)
-    (run_dir / "report.html").write_text(page(summary), encoding="utf-8")
+    with RunDir.begin(out_dir, "isolation") as run:  # an unwritable --out fails before any traffic
+        try:
+            with Progress(TextColumn("isolation"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          console=out.err, transient=True, disable=as_json) as bar:
+                task = bar.add_task("isolation", total=None)
+                result = run_isolation(ep, plan, block_size=block_size, progress=lambda done, total:
+                                       bar.update(task, completed=done, total=total))
+        finally:
+            ep.sync.close()
+        summary = isolation_summary(result, base_url=base_url, model=model, wall_seconds=timer.seconds)
+        write_isolation_run(run.path, result, summary)
+        (run.path / "report.html").write_text(page(summary), encoding="utf-8")
+        run_dir = run.commit()
     if as_json:
         out.json(summary | {"run_dir": str(run_dir)})
     else:

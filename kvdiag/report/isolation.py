@@ -101,9 +101,14 @@ def _value(row: dict, key: str) -> float:
     return float(row[key])
 
 
+def _ci(row: dict) -> str:
+    ci = row.get("auc_ci95")
+    return f"{ci[0]:.2f} to {ci[1]:.2f}" if ci else "?"
+
+
 def _table(rows: list[dict]) -> str:
     head = ("prefix tokens", "trials", "cached: correct", "cached: wrong", "TTFT correct (median)",
-            "TTFT wrong (median)", "AUC", "p", "told apart by")
+            "TTFT wrong (median)", "AUC", "AUC 95 % CI", "p", "told apart by")
     body = []
     for r in rows:
         told = [k for k in ("content", "timing") if r.get(f"{k}_leak")]
@@ -113,7 +118,7 @@ def _table(rows: list[dict]) -> str:
         body.append(
             f'<tr><td>{r["length"]}</td><td>{r["trials"]}</td><td>{r["cached_correct_mean"]:.0f}</td>'
             f'<td>{r["cached_wrong_mean"]:.0f}</td><td>{r["ttft_correct_median_s"] * 1000:.1f} ms</td>'
-            f'<td>{r["ttft_wrong_median_s"] * 1000:.1f} ms</td><td>{r["auc"]:.2f}</td>'
+            f'<td>{r["ttft_wrong_median_s"] * 1000:.1f} ms</td><td>{r["auc"]:.2f}</td><td>{_ci(r)}</td>'
             f'<td>{r["p_value"]:.2g}</td><td class="{"fail" if bad else "pass"}">{verdict}</td></tr>')
     return ('<table class="data"><tr>' + "".join(f"<th>{h}</th>" for h in head) + "</tr>"
             + "".join(body) + "</table>")

@@ -32,7 +32,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from kvdiag.errors import EndpointError
-from kvdiag.metrics.auc import rank_test
+from kvdiag.metrics.auc import bootstrap_ci, rank_test
 from kvdiag.runners.endpoint import Endpoint
 
 JUDGED = ("per-tenant", "adapter")
@@ -262,7 +262,8 @@ def analyse(rows: list[dict], block_size: int) -> list[dict]:
         if not right or not wrong:
             continue
         cached_r, cached_w = [r["cached_tokens"] for r in right], [r["cached_tokens"] for r in wrong]
-        test = rank_test([r["ttft_s"] for r in right], [r["ttft_s"] for r in wrong])
+        ttft_r, ttft_w = [r["ttft_s"] for r in right], [r["ttft_s"] for r in wrong]
+        test = rank_test(ttft_r, ttft_w)
         out.append({
             "config": config, "length": length, "trials": min(len(right), len(wrong)),
             "cached_correct_mean": statistics.fmean(cached_r), "cached_wrong_mean": statistics.fmean(cached_w),
@@ -271,9 +272,10 @@ def analyse(rows: list[dict], block_size: int) -> list[dict]:
             "hit": statistics.median(cached_r) >= max(cached_w) + block_size,
             # content leak: any correct guess got more cached tokens than every wrong guess did
             "content_leak": max(cached_r) > max(cached_w),
-            "ttft_correct_median_s": statistics.median(r["ttft_s"] for r in right),
-            "ttft_wrong_median_s": statistics.median(r["ttft_s"] for r in wrong),
-            "auc": test.auc, "p_value": test.p_value, "exact_p": test.exact,
+            "ttft_correct_median_s": statistics.median(ttft_r),
+            "ttft_wrong_median_s": statistics.median(ttft_w),
+            "auc": test.auc, "auc_ci95": list(bootstrap_ci(ttft_r, ttft_w)),
+            "p_value": test.p_value, "exact_p": test.exact,
         })
     return out
 

@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvdiag.cli import app
-from kvdiag.metrics.auc import rank_test, roc_auc
+from kvdiag.metrics.auc import bootstrap_ci, rank_test, roc_auc
 from kvdiag.report.isolation import page
 from kvdiag.runners.isolation import IsolationPlan, judge, parse_lengths
 from tests.kvdiag.serving import free_port, served
@@ -59,12 +59,21 @@ def test_tied_samples_use_the_corrected_normal_approximation():
     assert apart.auc == 1.0 and apart.p_value < 1e-3 and not apart.exact
 
 
+def test_bootstrap_interval_holds_the_auc_and_narrows_with_separation():
+    rng = random.Random(7)
+    a, b = [rng.random() for _ in range(8)], [rng.random() + 0.2 for _ in range(8)]
+    lo, hi = bootstrap_ci(a, b)
+    assert lo <= roc_auc(a, b) <= hi and hi - lo > 0.2  # 8 + 8 probes: a wide interval
+    assert bootstrap_ci([1.0] * 8, [2.0] * 8) == (1.0, 1.0)
+
+
 # --- the verdict rules ----------------------------------------------------------------------
 def _cell(config, length, correct, wrong, auc=0.5, p=1.0, hit=None):
     return {"config": config, "length": length, "trials": 8, "cached_correct_mean": correct,
             "cached_wrong_mean": wrong, "cached_correct_max": correct, "cached_wrong_max": wrong,
             "hit": correct >= wrong + 16 if hit is None else hit, "content_leak": correct > wrong,
-            "ttft_correct_median_s": 0.1, "ttft_wrong_median_s": 0.1, "auc": auc, "p_value": p,
+            "ttft_correct_median_s": 0.1, "ttft_wrong_median_s": 0.1, "auc": auc,
+            "auc_ci95": [auc - 0.2, min(1.0, auc + 0.2)], "p_value": p,
             "exact_p": True}
 
 
