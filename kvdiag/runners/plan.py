@@ -8,6 +8,7 @@ so every target and allocator sees exactly the same prompts, and the trigger's l
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 
@@ -45,7 +46,11 @@ def system_prompt(style: str, tokenizer, tokens: int, seed: int) -> str | None:
     return " ".join(words)
 
 
-def plan_case(suite: Suite, case: Case, tokenizer) -> CasePlan:
+def plan_case(suite: Suite, case: Case, tokenizer, block_size: int | None = None) -> CasePlan:
+    """`block_size`: the server's, where it differs from the suite's (the jump then lands on
+    that block size's boundary: 4095 -> 4128 at 32); the plan's suite carries it."""
+    if block_size and block_size != suite.block_size:
+        suite = dataclasses.replace(suite, block_size=block_size)
     seed = case.seed if case.seed is not None else suite.seed
     style = case.style or suite.style
     system = system_prompt(style, tokenizer, case.shared_prefix, seed)

