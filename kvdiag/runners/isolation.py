@@ -166,7 +166,7 @@ def run_isolation(ep: Endpoint, plan: IsolationPlan, *, block_size: int | None =
     """Run the audit against `ep` (checked first: EndpointError when down or the model is not
     served; ValueError when the plan does not fit the budget or the server). A failure after
     the first measured request does not raise: the result says what was measured.
-    `progress(done_cells, total_cells)` is called after each measured cell."""
+    `progress(done_cells, total_cells)` is called before each measured cell."""
     t0 = time.perf_counter()
     served = ep.check()
     if plan.adapter is not None and plan.adapter not in served:

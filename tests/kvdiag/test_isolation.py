@@ -150,6 +150,8 @@ def test_guarded_is_isolated_under_salts_and_its_unsalted_exposure_leaks(tmp_pat
         assert control[n]["hit"] and control[n]["cached_correct_mean"] == n
         assert shared[n]["content_leak"] and shared[n]["cached_correct_mean"] == n
     assert summary["isolation"]["exposure_leaks"]
+    # fresh secrets and guesses per cell: no probe was warmed by an earlier one
+    assert all(c["cached_wrong_max"] == 0 for c in summary["isolation"]["cells"])
     # timing alone tells a cached 2k-token prefix apart on the reference server
     assert shared[2048]["auc"] >= 0.9 and shared[2048]["timing_leak"]
     assert (tmp_path / "report.html").read_text().count("<svg") == 3
