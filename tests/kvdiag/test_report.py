@@ -147,7 +147,8 @@ def test_missing_run_files_are_named(tmp_path: Path) -> None:
     assert "not recorded" in html  # an old summary without `command` still renders
 
 
-def open_in_chromium(report: Path, shot: Path, verdict_text: str, plots_expected: int) -> None:
+def open_in_chromium(report: Path, shot: Path, verdict_text: str, plots_expected: int,
+                     check=None) -> None:
     """Load the page with JavaScript off, screenshot it, and check what an SRE needs."""
     from playwright.sync_api import sync_playwright
 
@@ -174,6 +175,8 @@ def open_in_chromium(report: Path, shot: Path, verdict_text: str, plots_expected
             for k in range(plots.count()):
                 box = plots.nth(k).bounding_box()
                 assert box and box["width"] > 100 and box["height"] > 100, box
+            if check:
+                check(page)
         finally:
             browser.close()
     assert errors == [], errors
@@ -325,4 +328,13 @@ def test_inconclusive_report_in_headless_chromium(tmp_path: Path) -> None:
     out = write_report(write_run(tmp_path / "run", synthetic_results(3, 4), "inconclusive",
                                  gates=GATES, faults={"trigger/buggy": []}))
     shot = Path(os.environ.get("KVDIAG_ARTIFACTS", tmp_path)) / "report-inconclusive.png"
-    open_in_chromium(out, shot, "INCONCLUSIVE", 3)
+
+    def amber_with_words_and_hover_titles(page) -> None:
+        badge = page.locator("#verdict .badge")
+        assert badge.evaluate("e => getComputedStyle(e).backgroundColor") == "rgb(183, 121, 31)"
+        meaning = page.locator("#verdict-meaning")
+        assert meaning.is_visible() and "not reproduced" in meaning.inner_text()
+        assert page.locator("#decay svg title").count() > 0
+        assert page.locator("#ablations").count() == 1  # three cases: ablations shown
+
+    open_in_chromium(out, shot, "INCONCLUSIVE", 2, amber_with_words_and_hover_titles)
