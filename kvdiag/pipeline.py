@@ -5,30 +5,13 @@ returns data, prints nothing (the CLI renders)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
+from kvdiag.lifecycle import RunResult
 from kvdiag.paths import CANARY
-from kvdiag.regress.verdicts import GUARD_LOG_LINE, fault_findings, guard_gate, series
-from kvdiag.runners.reference import CONTIGUOUS
 from kvdiag.suites import Case, Suite
-
-CLEAN = ("prefix-cache", "vllm")  # allocators expected flat, besides every guarded one
-VLLM = "vllm"  # not an allocator of ours: the case's traffic replayed through vLLM's own
-# KVCacheManager (kvdiag.runners.vllm_replay), teacher-forced with the contiguous reference
-
-
-def expected_clean(name: str, case: Case) -> bool:
-    """Series the guard gate applies to: guarded allocators, the correct allocator, and
-    every allocator of an ablation (control) case."""
-    return case.ablation or name.startswith("guarded") or name in CLEAN
-
-
-@dataclass
-class SuiteRun:
-    frame: object  # pandas DataFrame of records
-    summary: dict
-    engine_log: dict[str, list[str]]
+from kvdiag.verdicts import FAIL, judge
+from kvdiag.vocab import VLLM
 
 
 def case_allocators(suite: Suite, case: Case, override: list[str] | None) -> list[str]:
@@ -42,7 +25,7 @@ def total_requests(suite: Suite, cases: list[Case], override: list[str] | None) 
 def run_suite(suite: Suite, cases: list[Case], *, allocators: list[str] | None = None,
               model: Path | None = None, device: str = "cpu", dtype: str | None = None,
               spacy_model: str | None = None, progress: Callable[[int], None] | None = None,
-              on_case: Callable[[str], None] | None = None) -> SuiteRun:
+              on_case: Callable[[str], None] | None = None, kind: str = "reproduce") -> RunResult:
     import pandas as pd
 
     from kvdiag.metrics.decay import summarize
@@ -99,35 +82,8 @@ def run_suite(suite: Suite, cases: list[Case], *, allocators: list[str] | None =
     })
     if vllm_stats:
         summary["vllm_audit"] = vllm_stats
-    summary.update(judge(summary, cases))
+    summary.update(judge(summary["rounds"], [(c.name, c.ablation) for c in cases]))
     if any(s["corrupted"] for s in vllm_stats.values()):
-        summary["verdict"] = "fail"  # vLLM read foreign slots or broke an invariant
-    return SuiteRun(frame, summary, logs)
+        summary["verdict"] = FAIL  # vLLM read foreign slots or broke an invariant
+    return RunResult(kind, frame, summary, extra={"engine_log": logs})
 
-
-def judge(summary: dict, cases: list[Case]) -> dict:
-    """verdict: pass when every series expected clean passes the guard gate; plus what the
-    faulty allocators showed (the reproduction itself)."""
-    gates, faults = {}, {}
-    for case in cases:
-        rounds = [r for r in summary["rounds"] if r.get("case") == case.name]
-        reference = series(rounds, case.name, CONTIGUOUS)
-        for name in dict.fromkeys(r["allocator"] for r in rounds):
-            if name == CONTIGUOUS:
-                continue
-            rows = series(rounds, case.name, name)
-            if name == VLLM:  # vLLM registers blocks when it schedules them, so its reuse
-                # differs from our engine's by design (runners/hit_diff.py): BRAI against our
-                # guarded baseline is no anomaly signal for it
-                rows = [{**r, "brai": None} for r in rows]
-            if expected_clean(name, case):
-                gate = guard_gate(rows, reference)
-                gates[f"{case.name}/{name}"] = {"passed": gate.passed, "failures": gate.failures}
-            else:
-                faults[f"{case.name}/{name}"] = fault_findings(rows, reference)
-    verdict = "pass" if all(g["passed"] for g in gates.values()) else "fail"
-    return {"verdict": verdict, "gates": gates, "faults": faults}
-
-
-def guard_logged(engine_log: dict[str, list[str]], case: str, allocator: str) -> bool:
-    return GUARD_LOG_LINE in engine_log.get(f"{case}/{allocator}", [])

@@ -1,9 +1,22 @@
 """Run directories: reports/<run-id>/ with results.parquet, summary.json and report.html,
-and the signature every result carries (as sacrebleu's scores do)."""
+and the signature every result carries (as sacrebleu's scores do).
+
+A run directory is written atomically. While a run works it lives under a temporary name,
+
+    reports/reproduce-20261130-221500.partial/    rounds.jsonl (probes), results, report
+                       |  RunDir.commit(): one rename, once every file is written
+                       v
+    reports/reproduce-20261130-221500/            complete; only now may history point here
+
+so a killed run never looks finished, and `--out` never overwrites: an existing non-empty
+directory is refused before any work starts.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shlex
 import sys
 import time
@@ -11,7 +24,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from kvdiag import __version__
+from kvdiag.errors import KvdiagError
 from kvdiag.paths import REPORTS
+
+PARTIAL = ".partial"
+KEEP_OUT = ("probe.json",)  # files that say what a run planned, not what it measured
+SCHEMA_VERSION = 2  # summary.json: 2 adds schema_version, kind, environment, verdict "inconclusive"
+SECRET_PARAMS = re.compile(r"(api[_-]?key|token|secret|password)", re.IGNORECASE)
+REDACTED = "***"
 
 
 def signature(*, engine: str, allocators: list[str], block_size: int, model: str, suite: str,
@@ -26,31 +46,138 @@ def model_label(model_dir: Path) -> str:
     return f"{Path(model_dir).name}-{model_hash(model_dir)}"
 
 
-def new_run_dir(out: Path | None, suite: str) -> Path:
-    """`out` as given, or reports/<suite>-<UTC time>; never an existing directory's files."""
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        return out
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    for n in range(100):
-        run = REPORTS / (f"{suite}-{stamp}" + (f"-{n}" if n else ""))
+class RunDir:
+    """One run's directory: `path` (the temporary `.partial` name while the run works) and
+    `final` (its name once committed)."""
+
+    def __init__(self, final: Path, path: Path) -> None:
+        self.final, self.path = final, path
+
+    @classmethod
+    def begin(cls, out: Path | None, name: str) -> RunDir:
+        """A new run directory: `out` as given (refused if it exists and is not empty), or
+        reports/<name>-<UTC time>. Fails before any work when it cannot be written."""
+        if out is not None:
+            out = Path(out)
+            if out.exists() and (not out.is_dir() or any(out.iterdir())):
+                raise KvdiagError(f"--out {out}: already exists and is not empty; kvdiag never "
+                                  "overwrites a run (give a new directory)")
+            return cls._make(out)
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+        for n in range(100):
+            final = REPORTS / (f"{name}-{stamp}" + (f"-{n}" if n else ""))
+            if not final.exists() and not _partial(final).exists():
+                return cls._make(final)
+        raise KvdiagError(f"{REPORTS}: could not find a free run directory name for {name}")
+
+    @classmethod
+    def _make(cls, final: Path) -> RunDir:
+        path = _partial(final)
         try:
-            run.mkdir(parents=True)
-            return run
+            path.mkdir(parents=True)
+            probe = path / ".write-test"
+            probe.write_text("")
+            probe.unlink()
         except FileExistsError:
-            continue
-    raise RuntimeError("could not create a run directory")
+            raise KvdiagError(f"{path}: an unfinished run is there (resume it, or remove it)") from None
+        except OSError as e:
+            raise KvdiagError(f"--out {final}: cannot write there ({e.strerror or e})") from None
+        return cls(final, path)
+
+    @classmethod
+    def resume(cls, run: Path) -> RunDir:
+        """An interrupted run: its `.partial` directory, named with or without the suffix."""
+        run = Path(run)
+        path = run if run.name.endswith(PARTIAL) else _partial(run)
+        if not path.is_dir():
+            raise KvdiagError(f"{run}: no unfinished run there (looked for {path})")
+        return cls(path.with_name(path.name[: -len(PARTIAL)]), path)
+
+    def __enter__(self) -> RunDir:
+        return self
+
+    def __exit__(self, kind, error, tb) -> None:
+        """A run that failed before measuring anything leaves no directory behind; one that
+        measured something keeps it (a probe resumes from it) and says where."""
+        if error is None or not self.path.name.endswith(PARTIAL) or not self.path.is_dir():
+            return
+        measured = [f for f in self.path.iterdir() if f.is_file() and f.stat().st_size
+                    and f.name not in KEEP_OUT]
+        if not measured:
+            import shutil
+
+            shutil.rmtree(self.path, ignore_errors=True)
+        elif isinstance(error, KvdiagError):
+            raise KvdiagError(f"{str(error).splitlines()[0]} (what was measured is kept in "
+                              f"{self.path}: finish it with --resume {self.path})") from None
+
+    def commit(self) -> Path:
+        """Rename the finished run to its final name (an empty placeholder is replaced)."""
+        if self.final.is_dir() and not any(self.final.iterdir()):
+            self.final.rmdir()
+        os.replace(self.path, self.final)
+        self.path = self.final
+        return self.final
+
+
+def _partial(final: Path) -> Path:
+    return final.with_name(final.name + PARTIAL)
+
+
+def is_incomplete(run_dir: Path) -> bool:
+    return Path(run_dir).name.endswith(PARTIAL)
+
+
+def check_writable(path: Path | None, option: str) -> None:
+    """Before any work: `path` (a file an option names) can be created or written. Tried
+    for real, so it holds for root and for a read-only mount alike. KvdiagError otherwise."""
+    if path is None:
+        return
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise KvdiagError(f"{option} {path}: is a directory, not a file")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            with open(path, "ab"):
+                pass
+        else:
+            probe = parent / f".{path.name}.write-test"
+            probe.write_text("")
+            probe.unlink()
+    except OSError as e:
+        raise KvdiagError(f"{option} {path}: cannot write there ({e.strerror or e})") from None
+
+
+def redact(words: list[str], secret_flags: set[str]) -> list[str]:
+    """The words of a command line with the value of every secret flag replaced."""
+    out, hide = [], False
+    for w in words:
+        flag, eq, _ = w.partition("=")
+        if hide:
+            out.append(REDACTED)
+            hide = False
+        elif flag in secret_flags and eq:
+            out.append(f"{flag}={REDACTED}")
+        else:
+            hide = w in secret_flags
+            out.append(w)
+    return out
 
 
 def command_line() -> str:
-    """The command that reruns this run: rebuilt from the running CLI command's parsed
-    options (so it reads the same from a shell, a test runner or a subprocess)."""
+    """The command that reruns this run, rebuilt from the running CLI command's parsed
+    options (so it reads the same from a shell, a test runner or a subprocess). Secrets
+    (API keys, tokens) are never recorded: their values read ***."""
     import click
 
     ctx = click.get_current_context(silent=True)
     if ctx is None:
-        return shlex.join([Path(sys.argv[0]).name if sys.argv else "kvdiag", *sys.argv[1:]])
-    words = ["kvdiag", ctx.info_name or ""]
+        words = [Path(sys.argv[0]).name if sys.argv else "kvdiag", *sys.argv[1:]]
+        flags = {w.partition("=")[0] for w in words if w.startswith("--") and SECRET_PARAMS.search(w)}
+        return shlex.join(redact(words, flags))
+    words = ["kvdiag", *_command_path(ctx)]
     for param in ctx.command.params:
         value = ctx.params.get(param.name)
         if value is None or value == param.default or not param.opts:
@@ -58,12 +185,24 @@ def command_line() -> str:
                 words.append(str(value))
             continue
         flag = max(param.opts, key=len)
+        secret = SECRET_PARAMS.search(param.name or "")
         if isinstance(value, bool):
             if value:
                 words.append(flag)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                words += [flag, REDACTED if secret else str(v)]
         else:
-            words += [flag, str(value)]
+            words += [flag, REDACTED if secret else str(value)]
     return shlex.join(words)
+
+
+def _command_path(ctx) -> list[str]:
+    names = []
+    while ctx is not None and ctx.parent is not None:
+        names.append(ctx.info_name or "")
+        ctx = ctx.parent
+    return names[::-1]
 
 
 def now_iso() -> str:
@@ -71,14 +210,29 @@ def now_iso() -> str:
 
 
 def write_run(run_dir: Path, frame, summary: dict) -> None:
-    """results.parquet and summary.json, each written to a temporary name then renamed, so a
-    run killed mid-write never leaves a half file under the final name."""
+    """results.parquet (the signature in its schema metadata) and summary.json, each written
+    to a temporary name then renamed, so a run killed mid-write never leaves a half file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    meta = dict(table.schema.metadata or {})
+    meta[b"kvdiag.signature"] = str(summary.get("signature", "")).encode()
+    meta[b"kvdiag.schema_version"] = str(summary.get("schema_version", SCHEMA_VERSION)).encode()
     tmp = run_dir / "results.parquet.tmp"
-    frame.to_parquet(tmp, index=False)
+    pq.write_table(table.replace_schema_metadata(meta), tmp)
     tmp.replace(run_dir / "results.parquet")
     tmp = run_dir / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n")
     tmp.replace(run_dir / "summary.json")
+
+
+def require_finished(run_dir: Path) -> Path:
+    """`run_dir` if it is a finished run; KvdiagError for one that never completed."""
+    if is_incomplete(run_dir):
+        raise KvdiagError(f"{run_dir}: an unfinished run (it was interrupted: nothing in it is a "
+                          "verdict; resume it or run again)")
+    return Path(run_dir)
 
 
 def read_summary(run_dir: Path) -> dict:

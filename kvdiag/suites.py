@@ -17,8 +17,7 @@ from pathlib import Path
 from kvdiag.errors import SuiteError
 from kvdiag.paths import SUITES
 from kvdiag.scenarios import CONDITIONS
-
-STYLES = ("canary", "natural")
+from kvdiag.vocab import STYLES
 
 
 @dataclass(frozen=True)

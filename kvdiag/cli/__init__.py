@@ -5,7 +5,18 @@ from __future__ import annotations
 
 import typer
 
-from kvdiag.cli import audit, export, fixtures, generate, probe, regress, report, reproduce, serve
+from kvdiag.cli import (
+    audit,
+    export,
+    fixtures,
+    generate,
+    isolation,
+    probe,
+    regress,
+    report,
+    reproduce,
+    serve,
+)
 
 app = typer.Typer(
     name="kvdiag",
@@ -20,15 +31,21 @@ app = typer.Typer(
 )
 
 
-@app.callback()
-def _root(
-    version: bool = typer.Option(False, "--version", help="Print the version and exit.", is_eager=True),
-) -> None:
-    if version:
+def _print_version(value: bool) -> None:
+    """Eager: runs while the options are parsed, before click asks for a command."""
+    if value:
         from kvdiag import __version__
 
         typer.echo(f"kvdiag {__version__}")
         raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", help="Print the version and exit.",
+                                 is_eager=True, callback=_print_version),
+) -> None:
+    """kvdiag's commands (the help text above is the app's)."""
 
 
 app.command("reproduce")(reproduce.reproduce)
@@ -38,7 +55,6 @@ app.command("generate")(generate.generate)
 app.command("serve")(serve.serve)
 app.command("probe")(probe.probe)
 app.command("audit-vllm")(audit.audit_vllm)
-from kvdiag.cli import isolation  # noqa: E402  (H5; the lead moves this into the import above)
 app.command("isolation")(isolation.isolation)
 app.command("regress")(regress.regress)
 app.add_typer(regress.baseline_app, name="baseline")

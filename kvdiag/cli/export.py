@@ -7,9 +7,8 @@ from typing import Annotated
 
 import typer
 
-from kvdiag.cli.common import Output, handle_errors
+from kvdiag.cli.common import HistoryOpt, Output, handle_errors
 
-HistoryOpt = Annotated[Path, typer.Option("--history", help="Run history (SQLite) written by kvdiag regress.")]
 SuiteOpt = Annotated[str | None, typer.Option("--suite", help="Only this suite's runs.")]
 DEFAULT_HISTORY = Path("reports/history.sqlite")
 
@@ -22,7 +21,10 @@ def export(
     suite: SuiteOpt = None,
 ) -> None:
     """Write DIR/kvdiag.prom (SQDR, BRAI, per-round fact-check and BLEU-4, leakage, cache
-    divergence of the latest run of each suite, target and model), atomically."""
+    divergence of the latest run of each suite, target and model), atomically.
+
+    Example: kvdiag export --textfile /var/lib/node_exporter/textfile
+    """
     from kvdiag.export.prometheus import write_textfile
 
     if not history.exists():
@@ -34,12 +36,17 @@ def export(
 @handle_errors
 def exporter(
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port for /metrics.")] = 9733,
-    addr: Annotated[str, typer.Option("--addr", help="Address to listen on.")] = "0.0.0.0",
+    addr: Annotated[str, typer.Option("--addr", help="Address to listen on (0.0.0.0 for every "
+                                      "interface; mind who can reach it).")] = "127.0.0.1",
     history: HistoryOpt = DEFAULT_HISTORY,
     suite: SuiteOpt = None,
 ) -> None:
     """Serve the latest runs' metrics on http://ADDR:PORT/metrics (prometheus-client),
-    rereading the history on every scrape. Runs until interrupted."""
+    rereading the history on every scrape. Runs until interrupted. A missing history is
+    exported as kvdiag_history_present 0, so an alert can fire on it.
+
+    Example: kvdiag exporter --port 9733 --history reports/history.sqlite
+    """
     import threading
 
     from kvdiag.export.prometheus import start_exporter

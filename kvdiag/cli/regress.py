@@ -9,19 +9,22 @@ import typer
 
 from kvdiag.cli.common import (
     EXIT_ERROR,
-    EXIT_FAIL,
-    EXIT_PASS,
+    ApiKeyOpt,
+    CaseOpt,
     DeviceOpt,
     DtypeOpt,
+    HistoryOpt,
     JsonOpt,
+    OutOpt,
     Output,
+    SuiteOpt,
     enable_engine_log,
     handle_errors,
+    names,
 )
 
 BaselineOpt = Annotated[Path, typer.Option("--baseline", help="Baseline file (JSON; one baseline "
                                            "per engine, version, model, flags and suite).")]
-HistoryOpt = Annotated[Path, typer.Option("--history", help="Run history (SQLite).")]
 DEFAULT_BASELINE, DEFAULT_HISTORY = Path("reports/baselines.json"), Path("reports/history.sqlite")
 
 
@@ -37,7 +40,7 @@ def _pairs(values: list[str] | None, option: str) -> dict:
 
 @handle_errors
 def regress(
-    suite: Annotated[str, typer.Option("--suite", help="Suite YAML file or bundled name (weekly, smoke).")] = "weekly",
+    suite: SuiteOpt = "weekly",
     target: Annotated[str, typer.Option("--target", help="reference:ALLOCATOR (the in-process "
                                         "reference engine) or the URL of an OpenAI-compatible server.")] = "reference:guarded",
     model: Annotated[str | None, typer.Option("--model", help="reference: a local model directory "
@@ -46,15 +49,14 @@ def regress(
     baseline: BaselineOpt = DEFAULT_BASELINE,
     history: HistoryOpt = DEFAULT_HISTORY,
     junit: Annotated[Path | None, typer.Option("--junit", help="Write JUnit XML here.")] = None,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory (default: "
-                                                 "reports/regress-SUITE-TIME).")] = None,
-    case: Annotated[list[str] | None, typer.Option("--case", help="Case to run (repeatable; default: "
-                                                   "the suite's default cases). A URL target runs one.")] = None,
-    tolerance: Annotated[list[str] | None, typer.Option("--tolerance", help="Override a tolerance, "
-                                                        "NAME=VALUE (e.g. bleu4=2).")] = None,
+    out_dir: OutOpt = None,
+    case: CaseOpt = None,
+    tolerance: Annotated[list[str] | None, typer.Option("--tolerance", show_default=False, help="Override "
+                                                        "a tolerance; the format is NAME=VALUE, e.g. "
+                                                        "bleu4=2 (repeatable).")] = None,
     flag: Annotated[list[str] | None, typer.Option("--flag", help="An extra baseline key flag, NAME=VALUE "
                                                    "(e.g. tp=2): what the server cannot report.")] = None,
-    api_key: Annotated[str | None, typer.Option("--api-key", envvar="OPENAI_API_KEY", help="Bearer token.")] = None,
+    api_key: ApiKeyOpt = None,
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="URL targets: requests in flight.")] = 16,
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = None,
@@ -68,16 +70,16 @@ def regress(
     corruption (the metrics and rounds are named); 2 the run could not be made, or the
     baseline file holds baselines of this suite but none with this run's key (a key
     mismatch is reported, never compared). Without any baseline of the suite only the
-    ground-truth check gates.
-    """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    ground-truth check gates. A live server runs one case.
 
+    Example: kvdiag regress --suite weekly --target reference:guarded --junit reports/junit.xml
+    """
     from kvdiag.regress import job
     from kvdiag.regress.baselines import KeyMismatch
     from kvdiag.regress.compare import Tolerances
 
     out = Output(as_json)
-    opts = job.Options(suite=suite, target=target, model=model, cases=",".join(case) if case else None,
+    opts = job.Options(suite=suite, target=target, model=model, cases=",".join(names(case) or []) or None,
                        baseline=baseline, history=history, junit=junit, out=out_dir,
                        tolerances=Tolerances().with_overrides(tolerance or []), device=device,
                        dtype=dtype, api_key=api_key, flags=_pairs(flag, "--flag"),
@@ -91,10 +93,8 @@ def regress(
         out.warn(f"{baseline}: no baseline of suite {prepared.suite.name}; only the run's own "
                  "ground-truth check gates (record one with `kvdiag baseline update RUN_DIR`)")
     enable_engine_log()
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=out.err, transient=True, disable=as_json) as bar:
-        task = bar.add_task(f"regress {prepared.target.spec}", total=None)
-        result = job.execute(prepared, opts, progress=lambda **kw: bar.update(task, **kw))
+    with prepared.run, out.progress(f"regress {prepared.target.spec}") as update:
+        result = job.execute(prepared, opts, progress=update)
     if not result.summary.get("cold_cache", True):
         out.warn(f"{target} refused POST /reset_prefix_cache: the run began on a warm cache, so "
                  "BRAI was not compared with the baseline")
@@ -102,8 +102,8 @@ def regress(
         out.json({"verdict": result.verdict, "run_dir": str(result.run_dir),
                   "cold_cache": result.summary.get("cold_cache"), **result.summary["regress"]})
     else:
-        _render(out, result)
-    raise typer.Exit(EXIT_PASS if result.verdict == "pass" else EXIT_FAIL)
+        out.result(result)
+    raise typer.Exit(result.exit_code)
 
 
 def _mismatch(out: Output, e, opts) -> None:
@@ -118,42 +118,6 @@ def _mismatch(out: Output, e, opts) -> None:
     out.error(f"{e.path}: the baseline of suite {e.key.suite} has another key; nothing compared:")
     for line in e.differences:
         out.err.print(f"  {line}")
-
-
-def _render(out: Output, result) -> None:
-    from kvdiag.cli.render import compact_table
-
-    reg = result.summary["regress"]
-    table = compact_table(f"regress {reg['target']} · suite {result.summary['suite']}")
-    for col in ("case", "series", "SQDR", "BRAI", "reuse", "leakage", "divergence"):
-        table.add_column(col, justify="left" if col in ("case", "series") else "right")
-    for case, m in reg["measurement"].items():
-        table.add_row(case, m["series"], *(("-" if v is None else f"{v:.4f}") for v in (
-            m["sqdr"], reg["brai"].get(case), m["block_reuse_rate"], m["attention_leakage"],
-            m["divergence_ratio"])))
-    out.out.print(table)
-    out.out.print(f"signature: {result.summary.get('signature')}")
-    base = reg["baseline"]
-    out.out.print(f"baseline: {base['run_id']} ({base['target']}, {base['created']}) key {base['key_id']}"
-                  if base else "baseline: none (ground-truth check only)")
-    if result.verdict == "pass":
-        out.out.print("[bold green]PASS[/] no regression")
-    else:
-        named = ", ".join(f"{m} (rounds {', '.join(map(str, r)) if r != [0] else 'whole run'})"
-                          for m, r in reg["regressed"].items())
-        out.out.print(f"[bold red]FAIL[/] regressed: {named or 'nothing against the baseline'}")
-        against = [c for c in reg["failed_checks"] if c["metric"] != "ground_truth"]
-        for c in against[:25]:
-            out.out.print(f"  {c['message']}")
-        if len(against) > 25:
-            out.out.print(f"  ... {len(against) - 25} more in summary.json (regress.failed_checks)")
-        for c in reg["failed_checks"]:
-            if c["metric"] == "ground_truth":
-                first = c["message"].split("; ")[0]
-                out.out.print(f"  {c['case']}: {int(c['value'])} ground-truth finding(s) against the "
-                              f"run's own reference, first: {first}")
-    out.out.print(f"run {result.run_id}: {result.run_dir}/report.html"
-                  + (f"; JUnit {result.junit}" if result.junit else ""))
 
 
 baseline_app = typer.Typer(help="Regression baselines.", no_args_is_help=True)
@@ -193,27 +157,18 @@ def history(
     as_json: JsonOpt = False,
 ) -> None:
     """Past regression runs, oldest first: verdict, SQDR, BRAI, cache divergence (--json adds
-    the engine, version, model, baseline key and run directory)."""
-    import json as _json
+    the engine, version, model, baseline key and run directory).
 
-    from kvdiag.cli.render import compact_table
+    Example: kvdiag history --suite weekly --last 10
+    """
+    import json
+
     from kvdiag.regress import history as H
+    from kvdiag.report.terminal import HISTORY_COLUMNS, history_table
 
     out = Output(as_json)
     frame = H.runs(history_path, suite=suite, target=target, last=last)
-    columns = ["created", "run_id", "suite", "target", "engine", "engine_version", "model",
-               "verdict", "sqdr", "brai", "divergence_ratio", "key_id", "run_dir"]
     if as_json:
-        out.json(_json.loads(frame[columns].to_json(orient="records")))
-        return
-    table = compact_table(f"{history_path}: {len(frame)} run(s)")
-    for col in ("created", "run", "target", "verdict", "SQDR", "BRAI", "diverged"):
-        table.add_column(col, justify="right" if col in ("SQDR", "BRAI", "diverged") else "left",
-                         overflow="fold")
-    for row in frame.to_dict("records"):
-        numbers = [("-" if row[c] is None or row[c] != row[c] else f"{row[c]:.4f}")
-                   for c in ("sqdr", "brai", "divergence_ratio")]
-        table.add_row(str(row["created"])[:16].replace("T", " "), str(row["run_id"]), str(row["target"]),
-                      str(row["verdict"]), *numbers,
-                      style="red" if row["verdict"] == "fail" else None)
-    out.out.print(table)
+        out.json(json.loads(frame[list(HISTORY_COLUMNS)].to_json(orient="records")))
+    else:
+        out.out.print(history_table(frame, f"{history_path}: {len(frame)} run(s)"))

@@ -21,9 +21,14 @@ def report(
     """Write one self-contained HTML page (plots inlined as SVG, no scripts): verdict, what
     was run and how to rerun it, decay curves per round against the reference, a leakage
     heatmap by session x round, the ablation table, SQDR/BRAI with their alert thresholds,
-    and, with --history, the trend over past runs."""
-    from kvdiag.report.html import write_report
+    and, with --history, the trend over past runs.
 
+    Example: kvdiag report reports/reproduce-20261130-221500
+    """
+    from kvdiag.report.html import write_report
+    from kvdiag.runs import require_finished
+
+    require_finished(run_dir)  # an interrupted run is never shown as finished
     frame = None
     if history is not None:
         from kvdiag.regress.history import runs

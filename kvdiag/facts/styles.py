@@ -10,8 +10,7 @@ import random
 from dataclasses import dataclass
 
 from kvdiag.facts.knowledge import Fact
-
-STYLES = ("canary", "natural")
+from kvdiag.vocab import STYLES
 
 
 @dataclass(frozen=True)

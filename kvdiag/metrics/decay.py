@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from kvdiag.metrics.base import METRICS
 from kvdiag.metrics.reuse import block_reuse_rate, brai
+from kvdiag.vocab import CONTIGUOUS
 
 if TYPE_CHECKING:
     from pandas import DataFrame
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 GROUP = ("case", "target", "allocator", "round")
 COUNTERS = ("foreign_slots", "unwritten_slots", "guard_rejections", "nonfinite_logits",
             "preemptions")
-REFERENCE_ALLOCATOR = "contiguous"  # ground truth: no paging, no reuse
+REFERENCE_ALLOCATOR = CONTIGUOUS  # ground truth: no paging, no reuse
 ISOLATED = "isolated"  # a live probe's ground truth: the same request with a fresh cache_salt
 REFERENCE_ALLOCATORS = (REFERENCE_ALLOCATOR, ISOLATED)
 BASELINE_ALLOCATOR = "guarded"  # BRAI's expected block reuse comes from it
@@ -102,12 +103,13 @@ def per_round(df: DataFrame) -> DataFrame:
 
 
 def summarize(df: DataFrame, expected_reuse: Mapping[str, float] | None = None,
-              baseline: str = BASELINE_ALLOCATOR) -> dict:
+              baseline: str | None = BASELINE_ALLOCATOR) -> dict:
     """The `rounds`, `sqdr`, `brai` parts of summary.json (plus `by_case`, `bleu_signature`).
 
     `expected_reuse` maps case -> the block_reuse_rate of the guarded baseline of the same
     suite and case (from a stored baseline, e.g. for probes). Without it, the `baseline`
-    allocator's rows of the same case in `df` give it, per round and overall. BRAI of the
+    allocator's rows of the same case in `df` give it, per round and overall (None: no
+    baseline in `df`, as in a live probe). BRAI of the
     baseline itself is 0; None where no expected rate is known. `sqdr` / `brai` hold the main
     case ("trigger" if present, else the first case); `by_case` holds every case. `rounds`
     lists every case, with a `case` field. The contiguous reference gets no SQDR/BRAI.

@@ -54,11 +54,11 @@ from kvdiag.metrics.triples import (
     natural_triples,
     values_equal,
 )
+from kvdiag.vocab import STYLES
 
 if TYPE_CHECKING:
     from pandas import DataFrame
 
-STYLES = ("natural", "canary")
 HEDGES = ("i think", "i believe", "i guess", "i suppose", "maybe", "perhaps", "possibly",
           "probably", "might", "may be", "not sure", "unsure", "not certain", "uncertain",
           "i don't know", "i do not know", "can't recall", "cannot recall", "don't remember",

@@ -17,7 +17,6 @@ from kvdiag.metrics.base import Metric, register
 if TYPE_CHECKING:
     from pandas import DataFrame
 
-BRAI_ALERT = 0.05  # issue 6 / verify --expect-guard: BRAI above this is an alert
 
 
 def block_reuse_rate(blocks_hit: Iterable[int], blocks_needed: Iterable[int]) -> float:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from kvdiag.errors import KvdiagError
 from kvdiag.regress.keys import BaselineKey
-from kvdiag.runs import read_summary
+from kvdiag.runs import read_summary, require_finished
 
 SCHEMA = 1
 DEFAULT_PATH = Path("reports/baselines.json")
@@ -104,7 +104,7 @@ def from_run(run_dir: Path, force: bool = False) -> Baseline:
     """A baseline from a run directory made by `kvdiag regress` (its summary.json carries
     the key and the measurement). Refuses a run whose own ground-truth check failed unless
     `force`."""
-    summary = read_summary(run_dir)
+    summary = read_summary(require_finished(run_dir))
     regress = summary.get("regress")
     if not regress or "key" not in regress:
         raise KvdiagError(f"{run_dir}: not made by `kvdiag regress` (summary.json has no baseline key)")

@@ -5,7 +5,7 @@ Tolerances (defaults; `kvdiag regress --tolerance NAME=VALUE` overrides one):
 
     metric                     per     regressed when                       default
     sqdr                       run     sqdr > baseline + tol                0.005 (SQDR_HEALTHY)
-    brai                       run and |reuse - baseline reuse| > tol       0.05  (BRAI_ALERT)
+    brai                       run and |reuse - baseline reuse| > tol       0.05  (BRAI_MAX)
                                round
     fact_check_pass_rate       round   rate < baseline - tol                0.02
     bleu4                      round   BLEU-4 < baseline - tol (points)     1.0
@@ -24,13 +24,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 
 from kvdiag.metrics.decay import SQDR_HEALTHY
-from kvdiag.metrics.reuse import BRAI_ALERT
+from kvdiag.vocab import BRAI_MAX
 
 
 @dataclass(frozen=True)
 class Tolerances:
     sqdr: float = SQDR_HEALTHY
-    brai: float = BRAI_ALERT
+    brai: float = BRAI_MAX
     fact_check_pass_rate: float = 0.02
     bleu4: float = 1.0
     attention_leakage: float = 1e-4

@@ -1,11 +1,13 @@
 """One regression run, start to finish (what `kvdiag regress` does), as library calls:
 
-    prepare()   load the suite, parse the target, build the baseline key and find the
-                baseline -- a key mismatch raises KeyMismatch here, before anything runs
-    execute()   run the suite (reference engine or live probe), write the run directory,
-                measure the series under test, compare with the baseline, append the run
-                to the history (one transaction), write the HTML report with the trend
-                and the JUnit XML
+    prepare()   load the suite, parse the target, check every output path is writable,
+                build the baseline key and find the baseline -- a key mismatch raises
+                KeyMismatch here, before anything runs -- and open the run directory
+    execute()   run the suite (reference engine or live probe), measure the series under
+                test, compare with the baseline, finish the run directory (results,
+                summary, report with the trend: kvdiag.lifecycle.finish_run), write the
+                JUnit XML, and only then append the run to the history (one transaction),
+                so no history row ever points at an unfinished run
 
 Returns data; the CLI renders it and chooses the exit code.
 """
@@ -22,6 +24,7 @@ from kvdiag.regress import baselines as B
 from kvdiag.regress import history as H
 from kvdiag.regress.compare import Check, Tolerances, compare, ground_truth, regressed_rounds
 from kvdiag.regress.keys import BaselineKey, Target, endpoint_key, parse_target, reference_key
+from kvdiag.runs import RunDir, check_writable
 
 
 @dataclass
@@ -50,6 +53,7 @@ class Prepared:
     key: BaselineKey
     baseline: B.Baseline | None
     model_dir: Path | None
+    run: RunDir
 
 
 @dataclass
@@ -63,6 +67,11 @@ class Result:
     regressed: dict[str, list[int]]
     report: Path
     junit: Path | None
+    kind: str = "regress"
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.verdict == "pass" else 1
 
 
 def prepare(opts: Options) -> Prepared:
@@ -87,8 +96,11 @@ def prepare(opts: Options) -> Prepared:
             raise KvdiagError(f"--target {target.url}: a live server runs one case at a time "
                               f"(give --case, one of: {', '.join(c.name for c in cases)})")
         key = endpoint_key(suite, target.url, opts.model, opts.api_key, opts.flags)
+    check_writable(opts.history, "--history")
+    check_writable(opts.junit, "--junit")
     baseline = B.find(opts.baseline, key, [c.name for c in cases])
-    return Prepared(suite, cases, target, key, baseline, model_dir)
+    run = RunDir.begin(opts.out, f"regress-{suite.name}")
+    return Prepared(suite, cases, target, key, baseline, model_dir, run)
 
 
 def _run(p: Prepared, opts: Options, run_dir: Path, progress: Callable[..., None]):
@@ -97,10 +109,9 @@ def _run(p: Prepared, opts: Options, run_dir: Path, progress: Callable[..., None
 
         names = [p.target.allocator]
         progress(total=total_requests(p.suite, p.cases, names), completed=0)
-        run = run_suite(p.suite, p.cases, allocators=names, model=p.model_dir, device=opts.device,
-                        dtype=opts.dtype, progress=lambda n: progress(advance=n),
-                        on_case=lambda name: progress(description=f"case {name}"))
-        return run.frame, run.summary
+        return run_suite(p.suite, p.cases, allocators=names, model=p.model_dir, device=opts.device,
+                         dtype=opts.dtype, progress=lambda n: progress(advance=n),
+                         on_case=lambda name: progress(description=f"case {name}"), kind="regress")
     from kvdiag.runners.probe import ProbeSettings
     from kvdiag.runners.probe_run import run_probe
 
@@ -125,18 +136,16 @@ def _reset_cache(p: Prepared, opts: Options) -> bool:
 
 
 def execute(p: Prepared, opts: Options, progress: Callable[..., None] = lambda **_: None) -> Result:
-    from kvdiag import __version__
+    from kvdiag.lifecycle import finish_run
     from kvdiag.regress.measure import brai_against, main_case, measure
-    from kvdiag.report.html import write_report
-    from kvdiag.runs import Timer, command_line, new_run_dir, now_iso, write_run
+    from kvdiag.runs import Timer, write_run
 
     timer = Timer()
-    run_dir = new_run_dir(opts.out, f"regress-{p.suite.name}")
     cold = p.target.is_reference or _reset_cache(p, opts)
-    frame, summary = _run(p, opts, run_dir, progress)
-    summary |= {"wall_seconds": round(timer.seconds, 2), "command": command_line(), "created": now_iso(),
-                "cold_cache": cold}
-    write_run(run_dir, frame, summary)  # what was measured is on disk before anything else
+    result = _run(p, opts, p.run.path, progress)
+    result.kind = "regress"
+    frame, summary = result.frame, result.summary | {"cold_cache": cold}
+    write_run(p.run.path, frame, summary)  # what was measured is on disk before anything else
 
     measured = measure(frame, p.target.allocator)
     base = p.baseline.measurement if p.baseline else None
@@ -148,7 +157,7 @@ def execute(p: Prepared, opts: Options, progress: Callable[..., None] = lambda *
     brais = brai_against(measured, base)
     verdict = "pass" if all(c.passed for c in checks) else "fail"
     main = main_case(measured)
-    run_id = H.unique_run_id(opts.history, run_dir.resolve().name)
+    run_id = H.unique_run_id(opts.history, p.run.final.resolve().name)
     for case, b in brais.items():
         if not cold:  # a warm cache's reuse says nothing: publish no BRAI rather than a false one
             b["brai"], b["rounds"] = None, {}
@@ -167,26 +176,23 @@ def execute(p: Prepared, opts: Options, progress: Callable[..., None] = lambda *
         "ground_truth_failures": [c.message for c in checks if c.metric == "ground_truth" and not c.passed],
         "failed_checks": [c.as_dict() for c in checks if not c.passed],
     }
-    write_run(run_dir, frame, summary)
+    result.summary = summary
+    row = {}  # the history row, filled once finish_run has stamped the summary
 
-    m = measured[main]
-    row = {"run_id": run_id, "created": summary["created"], "suite": p.suite.name,
-           "target": p.target.spec, "series": m["series"], "engine": p.key.engine,
-           "engine_version": p.key.engine_version, "model": p.key.model, "key_id": p.key.id,
-           "key_json": json.dumps(p.key.as_dict(), sort_keys=True),
-           "baseline_key_id": p.baseline.key.id if p.baseline else None,
-           "signature": summary.get("signature"), "verdict": verdict,
-           "run_verdict": summary.get("verdict"), "main_case": main, "sqdr": m["sqdr"],
-           "brai": run_brai, "block_reuse_rate": m["block_reuse_rate"],
-           "attention_leakage": m["attention_leakage"], "divergence_ratio": m["divergence_ratio"],
-           "wall_seconds": summary["wall_seconds"], "run_dir": str(run_dir.resolve()),
-           "command": summary["command"], "kvdiag_version": __version__}
+    def trend(stamped: dict):
+        import pandas as pd
+
+        past = H.runs(opts.history, suite=p.suite.name, last=51)
+        row.update(_history_row(p, run_id, stamped, main, verdict, run_brai))
+        return pd.concat([past, pd.DataFrame([row])], ignore_index=True)
+
+    finish_run(result, p.run, timer, history=trend)
+    run_dir = result.run_dir
+    row["run_dir"] = str(run_dir.resolve())
     rounds = [{"case": case, **r, "brai": brais[case]["rounds"].get(r["round"])}
               for case, cm in measured.items() for r in cm["rounds"]]
     if base is None and p.target.allocator and p.target.allocator.startswith("guarded"):
         rounds = [{**r, "brai": 0.0} for r in rounds]  # the guard is its own expected reuse
-    H.append(opts.history, row, rounds, [c.as_dict() for c in checks if not c.passed])
-    report = write_report(run_dir, history=H.runs(opts.history, suite=p.suite.name, last=52))
 
     junit = None
     if opts.junit is not None:
@@ -197,5 +203,26 @@ def execute(p: Prepared, opts: Options, progress: Callable[..., None] = lambda *
         junit = write_junit(opts.junit, junit_xml(p.suite.name, p.target.spec,
                                                   [c.as_dict() for c in checks],
                                                   seconds=timer.seconds, properties=props))
-    return Result(run_dir, run_id, summary, verdict, checks, p.baseline,
-                  summary["regress"]["regressed"], report, junit)
+    H.append(opts.history, row, rounds, [c.as_dict() for c in checks if not c.passed])  # last
+    return Result(run_dir, run_id, result.summary, verdict, checks, p.baseline,
+                  summary["regress"]["regressed"], run_dir / "report.html", junit)
+
+
+def _history_row(p: Prepared, run_id: str, summary: dict, main: str, verdict: str,
+                 run_brai) -> dict:
+    """The history's `runs` row of a finished, stamped run."""
+    from kvdiag import __version__
+
+    m = summary["regress"]["measurement"][main]
+    return {"run_id": run_id, "created": summary["created"], "suite": p.suite.name,
+            "target": p.target.spec, "series": m["series"], "engine": p.key.engine,
+            "engine_version": p.key.engine_version, "model": p.key.model, "key_id": p.key.id,
+            "key_json": json.dumps(p.key.as_dict(), sort_keys=True),
+            "baseline_key_id": p.baseline.key.id if p.baseline else None,
+            "signature": summary.get("signature"), "verdict": verdict,
+            "run_verdict": summary.get("verdict"), "main_case": main, "sqdr": m["sqdr"],
+            "brai": run_brai, "block_reuse_rate": m["block_reuse_rate"],
+            "attention_leakage": m["attention_leakage"], "divergence_ratio": m["divergence_ratio"],
+            "wall_seconds": summary["wall_seconds"], "run_dir": str(p.run.final.resolve()),
+            "command": summary["command"], "kvdiag_version": __version__}
+

@@ -5,27 +5,11 @@ read it unchanged. Library code: returns data, prints nothing."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from types import SimpleNamespace
-
+from kvdiag.lifecycle import RunResult
 from kvdiag.runners.records import Record
 from kvdiag.runners.trace import Trace
-
-CONTIGUOUS = "contiguous"
-
-
-@dataclass
-class AuditRun:
-    frame: object  # pandas DataFrame of records
-    summary: dict
-    vllm: object  # ReplayResult of vLLM
-    ours: object | None = None  # ReplayResult of our allocator on the same trace
-    stages: list = field(default_factory=list)  # hit_diff.Stage, when explained
-
-    @property
-    def corrupted(self) -> bool:
-        """Foreign or unwritten slot reads, or a broken invariant, in vLLM's replay."""
-        return bool(self.summary["vllm_audit"]["corrupted"])
+from kvdiag.verdicts import FAIL, INCONCLUSIVE, PASS, judge
+from kvdiag.vocab import CONTIGUOUS, VLLM
 
 
 def trace_for_case(suite, case, model=None, device: str = "cpu", dtype: str | None = None) -> Trace:
@@ -92,14 +76,13 @@ def vllm_section(result, ours=None, stages=()) -> dict:
 
 
 def audit_trace(trace: Trace, *, compare: str | None = "prefix-cache", explain: bool = True,
-                api=None, model_label: str = "trace", seed: int = 0) -> AuditRun:
+                api=None, model_label: str = "trace", seed: int = 0) -> RunResult:
     """Replay `trace` through vLLM (and `compare`, one of our allocators); records, summary
     (as summary.json holds it) and the verdict: fail when vLLM read a foreign or unwritten
-    slot or broke an invariant."""
+    slot or broke an invariant. `extra` holds the replays ("vllm", "ours") for rendering."""
     import pandas as pd
 
     from kvdiag.metrics.decay import summarize
-    from kvdiag.pipeline import judge
     from kvdiag.runners.replay import replay_allocator
     from kvdiag.runners.vllm_api import load
     from kvdiag.runners.vllm_replay import replay_vllm
@@ -117,7 +100,7 @@ def audit_trace(trace: Trace, *, compare: str | None = "prefix-cache", explain: 
     frame = pd.DataFrame([r.as_dict() for r in rows])
     summary = summarize(frame)
     cfg = trace.config
-    allocators = ["vllm"] + ([compare] if compare else [])
+    allocators = [VLLM] + ([compare] if compare else [])
     summary.update({
         "signature": signature(engine=f"vllm-replay:{api.version}", allocators=allocators,
                                block_size=cfg.block_size, model=model_label, suite=cfg.suite,
@@ -126,7 +109,9 @@ def audit_trace(trace: Trace, *, compare: str | None = "prefix-cache", explain: 
         "allocators": allocators, "model": model_label,
         "vllm_audit": vllm_section(result, ours, stages),
     })
-    summary.update(judge(summary, [SimpleNamespace(name=cfg.case, ablation=False)]))
+    summary.update(judge(summary["rounds"], [(cfg.case, False)]))
+    if summary["verdict"] == INCONCLUSIVE:  # the audit judges vLLM: a faulty allocator of
+        summary["verdict"] = PASS  # ours replayed beside it is only a comparison
     if summary["vllm_audit"]["corrupted"]:
-        summary["verdict"] = "fail"
-    return AuditRun(frame, summary, result, ours, stages)
+        summary["verdict"] = FAIL
+    return RunResult("audit", frame, summary, extra={"vllm": result, "ours": ours, "stages": stages})
