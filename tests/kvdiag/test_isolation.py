@@ -182,3 +182,40 @@ def test_salt_collision_is_caught_through_an_adapter_named_like_a_salt(tmp_path)
     assert code == 1 and summary["verdict"] == "fail"
     assert {c["config"] for c in summary["leaks"]} == {"adapter"}
     assert math.isclose(_by(summary, "adapter")[64]["cached_correct_mean"], 64)
+
+
+# --- against real vLLM on CPU (kvdiag/vllm_local; skipped without its env) ------------------
+def _vllm_local():
+    from kvdiag.errors import KvdiagError
+
+    try:
+        from kvdiag.vllm_local.launcher import VllmLocal, find_vllm_python
+
+        find_vllm_python()
+    except (ImportError, KvdiagError) as e:
+        pytest.skip(f"no real vLLM here: {str(e).splitlines()[0]}")
+    return VllmLocal
+
+
+@pytest.mark.slow
+def test_real_vllm_is_isolated_under_salts_and_its_unsalted_timing_leaks(tmp_path):
+    from kvdiag.paths import CANARY
+
+    with _vllm_local()(CANARY) as server:
+        code, summary = _audit(server.base_url, tmp_path, "--lengths", "32,2048", "--trials", "8")
+    assert code == 0 and summary["verdict"] == "pass", summary.get("reason")
+    assert summary["isolation"]["server"]["block_size_source"] == "vllm:cache_config_info"
+    assert summary["isolation"]["server"]["cached_tokens_source"] == "usage"
+    longest = _by(summary, "no-salt")[2048]
+    assert longest["cached_correct_mean"] == 2048 and longest["auc"] >= 0.95
+
+
+@pytest.mark.slow
+def test_real_vllm_with_salt_ignored_planted_leaks_across_salts(tmp_path):
+    from kvdiag.paths import CANARY
+
+    with _vllm_local()(CANARY, fault="salt-ignored") as server:
+        code, summary = _audit(server.base_url, tmp_path, "--lengths", "32,512", "--trials", "4")
+    assert code == 1 and summary["verdict"] == "fail"
+    assert "per-tenant" in {c["config"] for c in summary["leaks"]}
+    assert _by(summary, "per-tenant")[512]["cached_correct_mean"] == 512
