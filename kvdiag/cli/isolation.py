@@ -118,11 +118,19 @@ def _print(out: Output, result, run_dir: Path) -> None:
     for col in ("config", "tokens", "cached ok/bad", "TTFT ok/bad ms", "AUC", "p", "told apart"):
         table.add_column(col, justify="left" if col == "config" else "right")
     for c in sorted(result.cells, key=lambda c: (c["config"], c["length"])):
-        told = " + ".join(k for k in ("content", "timing") if c[f"{k}_leak"]) or "no"
+        told = {(True, True): "both", (True, False): "content", (False, True): "timing"}.get(
+            (c["content_leak"], c["timing_leak"]), "no")
         table.add_row(c["config"], str(c["length"]), f"{c['cached_correct_mean']:.0f} / {c['cached_wrong_mean']:.0f}",
                       f"{c['ttft_correct_median_s'] * 1e3:.0f} / {c['ttft_wrong_median_s'] * 1e3:.0f}",
                       f"{c['auc']:.2f}", f"{c['p_value']:.2g}", told)
     out.out.print(table)
+    exposed = [c for c in result.cells if c["config"] == "no-salt" and c["leaks"]]
+    if exposed:
+        worst = max(exposed, key=lambda c: c["length"])
+        out.out.print(f"exposure without salts (not judged): prefixes told apart at "
+                      f"{', '.join(str(c['length']) for c in sorted(exposed, key=lambda c: c['length']))} "
+                      f"tokens; at {worst['length']}: AUC {worst['auc']:.2f}, cached "
+                      f"{worst['cached_correct_mean']:.0f} vs {worst['cached_wrong_mean']:.0f}")
     colour = {"pass": "green", "fail": "red"}.get(result.verdict, "yellow")
     out.out.print(f"[bold {colour}]{result.verdict.upper()}[/]: {result.reason}")
     out.out.print(f"{result.requests} requests, {result.wall_seconds:.1f} s; run directory {run_dir}")
