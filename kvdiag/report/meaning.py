@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import shlex
 
-VERDICTS = ("pass", "fail", "inconclusive")
+from kvdiag.verdicts import EXIT_CODES, MEANING
+
+VERDICTS = tuple(EXIT_CODES)  # pass, fail, inconclusive
 OUT_OPTIONS = ("--out", "-o")  # the run directory (or report file) options of the commands
 
 
@@ -25,12 +27,7 @@ def verdict_meaning(summary: dict) -> str:
         return _probe(summary, verdict)
     if "gates" in summary or "faults" in summary:
         return _reproduce(summary, verdict)
-    return {
-        "pass": "PASS: every check of this run held.",
-        "fail": "FAIL: at least one check of this run failed.",
-        "inconclusive": "INCONCLUSIVE: the trigger was not reproduced or not reached, so this "
-                        "run can neither pass nor fail the engine.",
-    }[verdict]
+    return f"{verdict.upper()}: {MEANING[verdict]}."
 
 
 def _reproduce(summary: dict, verdict: str) -> str:
