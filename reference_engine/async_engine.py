@@ -7,6 +7,8 @@ is dropped from the engine at the next step boundary and its KV blocks freed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import queue
 import threading
 from dataclasses import dataclass, field
@@ -35,6 +37,13 @@ class _Submission:
     seq: Sequence | None = None
     sent: int = 0
     aborted: bool = False  # set on the event loop; the engine thread drops the request
+
+
+def trim_heap() -> None:
+    """Hand freed heap pages back to the OS. glibc keeps what a burst freed in its arenas
+    (one per thread), so without this an idle server keeps its peak RSS; a no-op off glibc."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 class RequestAborted(Exception):
@@ -85,6 +94,7 @@ class AsyncEngine:
         self._wake = threading.Event()
         self._stop = False
         self.foreign_slots_total = 0  # over finished requests (kvdiag_foreign_slots_total)
+        self._trim_when_idle = False  # work was done since the heap was last trimmed
         self.lock = threading.Lock()  # guards reads of engine counters from other threads
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
@@ -118,8 +128,12 @@ class AsyncEngine:
             self._drain_inbox()
             self._drain_aborts()
             if not self.engine.has_unfinished():
+                if self._trim_when_idle:
+                    self._trim_when_idle = False
+                    trim_heap()
                 self._wake.wait(timeout=0.5)
                 continue
+            self._trim_when_idle = True
             try:
                 with self.lock:
                     finished = self.engine.step()

@@ -19,9 +19,9 @@ def free_port() -> int:
 
 
 @contextmanager
-def served(*args: str, timeout: float = 120.0):
+def served(*args: str, timeout: float = 120.0, env: dict[str, str] | None = None):
     port = free_port()
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     proc = subprocess.Popen([sys.executable, "-m", "kvdiag", "serve", "--port", str(port), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     url = f"http://127.0.0.1:{port}"
