@@ -178,6 +178,7 @@ def test_hostile_burst_gives_no_5xx_and_aborts_every_cut_stream():
         r = asyncio.run(hostile(url, proc.pid, n=72, concurrency=16, huge_mb=20, cuts_after=2))
     assert r["n_5xx"] == 0 and r["n_transport_errors"] == 0, r["statuses"]
     assert r["statuses"].get(413, 0) > 0 and r["statuses"].get(200, 0) > 0
-    assert r["cut_streams"] > 0 and r["aborted"] >= r["cut_streams"] + 2
+    assert r["cut_streams"] > 0 and r["aborted"] >= r["cut_streams"]
+    assert len(r["abort_s"]) == 2 and max(r["abort_s"]) < 5.0  # each later cut is aborted too
     assert r["kv_usage_after"] <= r["kv_usage_before"]
     assert r["health_max_s"] < 5.0  # loose: a loaded 2-core machine; the benchmark prints p99
