@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from kvdiag.metrics.decay import first_divergence
 from kvdiag.runners.plan import CasePlan
 from kvdiag.runners.records import Checker, Record
-
-CONTIGUOUS = "contiguous"
+from kvdiag.vocab import CONTIGUOUS
 
 
 @dataclass
@@ -23,6 +22,7 @@ class CaseResult:
     records: list[Record] = field(default_factory=list)
     engine_log: dict[str, list[str]] = field(default_factory=dict)  # allocator -> lines
     seconds: dict[str, float] = field(default_factory=dict)  # per allocator (and contiguous)
+    reference_cache: str = "off"  # "hit", "miss" (computed and stored) or "off" (not used)
 
 
 class _LogCapture(logging.Handler):
@@ -48,11 +48,13 @@ def _engine_config(plan: CasePlan, allocator: str, device: str, dtype: str | Non
 
 def run_case(plan: CasePlan, checkpoint, allocators: list[str], *, device: str = "cpu",
              dtype: str | None = None, spacy_model: str | None = None,
-             progress: Callable[[int], None] | None = None) -> CaseResult:
-    """Run the contiguous reference, then each allocator, on the plan's prompts."""
-    from reference_engine.config import EngineConfig
+             progress: Callable[[int], None] | None = None, use_cache: bool = True) -> CaseResult:
+    """Run the contiguous reference, then each allocator, on the plan's prompts.
+
+    use_cache: read the contiguous reference from the on-disk cache when an entry for
+    exactly these prompts, weights, engine and settings exists, and store it after
+    computing it (runners/reference_cache.py); False computes it and touches no cache."""
     from reference_engine.engine import LLMEngine
-    from reference_engine.reference import ContiguousEngine
     from reference_engine.sessions import fixed_prompts, run_sessions
 
     result = CaseResult(plan)
@@ -71,11 +73,7 @@ def run_case(plan: CasePlan, checkpoint, allocators: list[str], *, device: str =
     logger.setLevel(logging.INFO)
     try:
         t0 = time.perf_counter()
-        ref_engine = ContiguousEngine(checkpoint, EngineConfig(device=device, dtype=dtype,
-                                                               max_num_seqs=plan.suite.max_num_seqs))
-        reference = run_sessions(ref_engine, keys, fixed_prompts(prompts), max_tokens=case.max_tokens,
-                                 on_finish=tick)
-        del ref_engine
+        reference, result.reference_cache = _reference(plan, checkpoint, device, dtype, use_cache, tick)
         result.seconds[CONTIGUOUS] = time.perf_counter() - t0
         result.records += _records(plan, CONTIGUOUS, reference, reference, tok, checker)
         for name in allocators:
@@ -90,6 +88,35 @@ def run_case(plan: CasePlan, checkpoint, allocators: list[str], *, device: str =
     finally:
         logger.removeHandler(capture)
     return result
+
+
+def _reference(plan: CasePlan, checkpoint, device: str, dtype: str | None, use_cache: bool,
+               tick: Callable) -> tuple[dict, str]:
+    """The contiguous reference's turns {session index: [turn per round]}, from the cache
+    or computed, and what the cache did ("hit", "miss", "off")."""
+    from kvdiag.runners import reference_cache
+    from reference_engine.config import EngineConfig
+    from reference_engine.reference import ContiguousEngine
+    from reference_engine.sessions import fixed_prompts, run_sessions
+
+    config = EngineConfig(device=device, dtype=dtype, max_num_seqs=plan.suite.max_num_seqs)
+    if use_cache:
+        key = reference_cache.cache_key(plan, checkpoint, config, plan.case.max_tokens)
+        path = reference_cache.cache_path(plan, key)
+        cached = reference_cache.load(path, key, plan)
+        if cached is not None:
+            for turns in cached:
+                for turn in turns:
+                    tick(turn)
+            return dict(enumerate(cached)), "hit"
+    engine = ContiguousEngine(checkpoint, config)
+    keys = list(range(len(plan.sessions)))
+    turns = run_sessions(engine, keys, fixed_prompts(plan.prompts), max_tokens=plan.case.max_tokens,
+                         on_finish=tick)
+    if not use_cache:
+        return turns, "off"
+    reference_cache.store(path, key, turns)
+    return turns, "miss"
 
 
 def _records(plan: CasePlan, allocator: str, turns, reference, tok, checker: Checker) -> list[Record]:
