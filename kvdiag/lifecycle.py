@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvdiag.runs import SCHEMA_VERSION, RunDir, Timer, command_line, now_iso, write_run
+from kvdiag.runs import SCHEMA_VERSION, RunDir, Timer, command_line, now_iso, pause, write_run
 from kvdiag.verdicts import exit_code
 
 
@@ -70,9 +70,12 @@ def finish_run(result: RunResult, run: RunDir, timer: Timer, *, history=None,
     vllm = (result.summary.get("server") or {}).get("vllm_version") or result.summary.get("vllm_version")
     result.summary = stamp(result.summary, timer, result.kind, vllm)
     write_run(run.path, result.frame, result.summary)
+    pause("summary")  # test hook: a kill here leaves an unfinished (.partial) run
     if before_report is not None:
         before_report(run.path)
     trend = history(result.summary) if callable(history) else history
     write_report(run.path, history=trend)
+    pause("report")
     result.run_dir = run.commit()
+    pause("commit")
     return result

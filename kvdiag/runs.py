@@ -30,6 +30,9 @@ from kvdiag.paths import REPORTS
 PARTIAL = ".partial"
 KEEP_OUT = ("probe.json",)  # files that say what a run planned, not what it measured
 SCHEMA_VERSION = 2  # summary.json: 2 adds schema_version, kind, environment, verdict "inconclusive"
+# Test hook, for the SIGKILL tests only: "POINT:FILE" makes pause(POINT) create FILE and
+# sleep, so a test can kill the process exactly there (points: summary, report, commit).
+PAUSE_ENV = "KVDIAG_TEST_PAUSE"
 SECRET_PARAMS = re.compile(r"(api[_-]?key|token|secret|password)", re.IGNORECASE)
 REDACTED = "***"
 
@@ -118,6 +121,14 @@ class RunDir:
         os.replace(self.path, self.final)
         self.path = self.final
         return self.final
+
+
+def pause(point: str) -> None:
+    """The test hook named by PAUSE_ENV; nothing at all unless that variable names `point`."""
+    where, _, marker = os.environ.get(PAUSE_ENV, "").partition(":")
+    if where == point and marker:
+        Path(marker).write_text(point)
+        time.sleep(600)
 
 
 def _partial(final: Path) -> Path:

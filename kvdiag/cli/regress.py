@@ -133,7 +133,10 @@ def baseline_update(
     as_json: JsonOpt = False,
 ) -> None:
     """Make RUN_DIR the baseline of its key (engine, version, model, flags, suite), replacing
-    the one stored for that key; baselines of other keys stay."""
+    the one stored for that key; baselines of other keys stay.
+
+    Example: kvdiag baseline update reports/regress-weekly-20261130-221500
+    """
     from kvdiag.regress import baselines as B
 
     out = Output(as_json)

@@ -83,7 +83,13 @@ class HistoryCollector:
     def collect(self):
         from prometheus_client.core import GaugeMetricFamily
 
-        runs = latest_runs(self.history, self.suite) if self.history.exists() else []
+        present = self.history.is_file()
+        runs = latest_runs(self.history, self.suite) if present else []
+        history = GaugeMetricFamily("kvdiag_history_present", "1 when the run history file "
+                                    "exists and holds a run, 0 otherwise (KvdiagHistoryMissing "
+                                    "fires on 0).", labels=("history",))
+        history.add_metric([str(self.history)], 1.0 if runs else 0.0)
+        yield history
         run_families = {name: GaugeMetricFamily(name, doc, labels=LABELS)
                         for name, (_, doc) in RUN_GAUGES.items()}
         round_families = {name: GaugeMetricFamily(name, doc, labels=(*LABELS, "round"))
@@ -135,7 +141,7 @@ def write_textfile(directory: Path, history: Path, suite: str | None = None,
     return path
 
 
-def start_exporter(port: int, history: Path, addr: str = "0.0.0.0", suite: str | None = None):
+def start_exporter(port: int, history: Path, addr: str = "127.0.0.1", suite: str | None = None):
     """Serve /metrics on addr:port in a background thread; returns (server, thread)."""
     from prometheus_client import CollectorRegistry, start_http_server
 

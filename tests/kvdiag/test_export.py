@@ -18,9 +18,9 @@ from typer.testing import CliRunner
 
 from kvdiag.export.prometheus import latest_runs, start_exporter
 from kvdiag.metrics.decay import SQDR_ALERT
-from kvdiag.metrics.reuse import BRAI_ALERT
 from kvdiag.paths import REPO_ROOT
 from kvdiag.regress import history as H
+from kvdiag.vocab import BRAI_MAX as BRAI_ALERT
 from tests.kvdiag.regress_cli import command, make_app
 from tests.kvdiag.serving import free_port
 
@@ -92,6 +92,17 @@ def test_export_without_history_exits_2(tmp_path):
     result = CliRunner().invoke(make_app(), ["export", "--textfile", str(tmp_path), "--history",
                                              str(tmp_path / "none.sqlite")])
     assert result.exit_code == 2 and "no history yet" in result.output
+
+
+def test_a_missing_history_is_a_metric_an_alert_fires_on(tmp_path):
+    """No history file: the exporter still serves kvdiag_history_present 0 (and 1 once a run
+    is recorded), and the rule KvdiagHistoryMissing watches it."""
+    from kvdiag.export.prometheus import render
+
+    missing = _families(render(tmp_path / "none.sqlite").decode())
+    assert [s.value for s in missing["kvdiag_history_present"].samples] == [0.0]
+    rules = {r["alert"]: r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]}
+    assert rules["KvdiagHistoryMissing"]["expr"] == "kvdiag_history_present == 0"
 
 
 def test_exporter_serves_parsable_metrics(history):

@@ -185,6 +185,54 @@ def test_sigkill_inside_the_history_transaction_keeps_earlier_runs(smoke, tmp_pa
     assert list(H.runs(history)["run_id"])[-1] == "next"
 
 
+@pytest.mark.parametrize("point", ["summary", "report", "commit", "history"])
+def test_sigkill_at_any_point_never_records_an_unfinished_run(smoke, tmp_path, point):
+    """Killed between the summary and the report, before or after the rename, or inside
+    the history transaction: no run is recorded without all of its files, the database
+    passes integrity_check, an unfinished directory never opens as a verdict, and a rerun
+    works."""
+    from kvdiag.runs import PAUSE_ENV
+
+    d, *_ = smoke
+    history = tmp_path / "history.sqlite"
+    history.write_bytes((d / "history.sqlite").read_bytes())
+    suite = tmp_path / "tiny.yaml"
+    suite.write_text(TINY)
+    marker = tmp_path / "paused"
+    hook = {H.PAUSE_ENV: str(marker)} if point == "history" else {PAUSE_ENV: f"{point}:{marker}"}
+    args = ["regress", "--suite", str(suite), "--target", "reference:guarded", "--history",
+            str(history), "--baseline", str(tmp_path / "b.json")]
+    proc = subprocess.Popen(command(*args, "--out", str(tmp_path / "killed")), cwd=REPO_ROOT,
+                            env=dict(os.environ, **hook, OMP_NUM_THREADS="1"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 600
+        while not marker.exists():
+            assert proc.poll() is None, f"kvdiag regress exited before the {point} pause"
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert H.integrity(history) == "ok"
+    for row in H.runs(history).to_dict("records"):  # every recorded run is complete
+        run_dir = REPO_ROOT / row["run_dir"]
+        assert all((run_dir / f).is_file() for f in ("summary.json", "results.parquet", "report.html"))
+        assert not run_dir.name.endswith(".partial")
+    unfinished = tmp_path / "killed.partial"
+    if point in ("summary", "report"):
+        assert unfinished.is_dir() and not (tmp_path / "killed").exists()
+        shown = invoke("report", str(unfinished))
+        assert shown.exit_code == 2 and "unfinished run" in shown.output
+    else:
+        assert (tmp_path / "killed" / "report.html").is_file() and not unfinished.exists()
+    again = invoke(*args, "--out", str(tmp_path / "again"))
+    assert again.exit_code == 0, again.output
+    refused = invoke(*args, "--out", str(tmp_path / "again"))  # never overwrites a run
+    assert refused.exit_code == 2 and "never overwrites" in refused.output
+
+
 def test_a_live_server_as_the_target(tmp_path):
     suite = tmp_path / "tiny.yaml"
     suite.write_text(TINY)
