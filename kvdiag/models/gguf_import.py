@@ -123,8 +123,15 @@ def import_gguf(gguf: str | Path | None = None, out: str | Path | None = None,
     hit = _cached(out_dir, source_digest, dtype)
     if hit:
         return ImportResult(out_dir, source, source_digest, hit, architecture, dtype, True)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    if out_dir.exists() and (not out_dir.is_dir() or (
+            not (out_dir / RECORD).is_file() and any(out_dir.iterdir()))):
+        # never delete what is not ours: only an earlier import (or nothing) is replaced
+        raise KvdiagError(f"{out_dir}: exists and is not a kvdiag import; choose another --out")
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    except OSError as e:
+        raise KvdiagError(f"{out_dir}: cannot be written ({e.strerror})") from None
     tmp.chmod(0o755)  # mkdtemp makes it private; the model is not a secret
     try:
         _convert(source, tmp, architecture, dtype)

@@ -101,6 +101,16 @@ def test_corrupt_gguf_is_exit_2(tmp_path, gguf_file, damage):
     assert not (tmp_path / "out").exists()
 
 
+def test_an_existing_directory_that_is_not_an_import_is_left_alone(tmp_path, gguf_file):
+    mine = tmp_path / "notes"
+    mine.mkdir()
+    (mine / "keep.txt").write_text("mine")
+    result = _run("fixtures", "import-gguf", "--out", str(mine))
+    assert result.exit_code == 2
+    assert "not a kvdiag import" in result.output
+    assert (mine / "keep.txt").read_text() == "mine"
+
+
 # -- the import --------------------------------------------------------------------------
 
 
