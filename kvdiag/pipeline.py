@@ -25,7 +25,10 @@ def total_requests(suite: Suite, cases: list[Case], override: list[str] | None) 
 def run_suite(suite: Suite, cases: list[Case], *, allocators: list[str] | None = None,
               model: Path | None = None, device: str = "cpu", dtype: str | None = None,
               spacy_model: str | None = None, progress: Callable[[int], None] | None = None,
-              on_case: Callable[[str], None] | None = None, kind: str = "reproduce") -> RunResult:
+              on_case: Callable[[str], None] | None = None, kind: str = "reproduce",
+              use_cache: bool = True) -> RunResult:
+    """Every case through the contiguous reference (read from the on-disk reference cache
+    when `use_cache`) and each allocator; the RunResult with summary.json's content."""
     import pandas as pd
 
     from kvdiag.metrics.decay import summarize
@@ -51,7 +54,8 @@ def run_suite(suite: Suite, cases: list[Case], *, allocators: list[str] | None =
         used += [n for n in names if n not in used]
         plan = plan_case(suite, case, checkpoint.tokenizer)
         result = run_case(plan, checkpoint, [n for n in names if n != VLLM], device=device,
-                          dtype=dtype, spacy_model=spacy_model, progress=progress)
+                          dtype=dtype, spacy_model=spacy_model, progress=progress,
+                          use_cache=use_cache)
         records += [r.as_dict() for r in result.records]
         if VLLM in names:
             from kvdiag.runners.trace import from_plan

@@ -28,7 +28,7 @@ from kvdiag.errors import KvdiagError
 from kvdiag.paths import REPORTS
 
 PARTIAL = ".partial"
-KEEP_OUT = ("probe.json",)  # files that say what a run planned, not what it measured
+KEEP_OUT = ("probe.json", "vllm.log")  # what a run planned or its server said, not what it measured
 SCHEMA_VERSION = 2  # summary.json: 2 adds schema_version, kind, environment, verdict "inconclusive"
 # Test hook, for the SIGKILL tests only: "POINT:FILE" makes pause(POINT) create FILE and
 # sleep, so a test can kill the process exactly there (points: summary, report, commit).

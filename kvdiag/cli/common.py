@@ -49,6 +49,9 @@ ApiKeyOpt = Annotated[str | None, typer.Option(
     help="Bearer token for the server (never written to disk or reports).")]
 HistoryOpt = Annotated[Path, typer.Option("--history", help="Run history (SQLite) that kvdiag "
                                           "regress appends to.")]
+NoCacheOpt = Annotated[bool, typer.Option(
+    "--no-reference-cache", help="Recompute the contiguous reference instead of reading it from "
+    "the on-disk cache (keyed by prompts, weights, engine source, torch and settings).")]
 CheckIntegrityOpt = Annotated[bool, typer.Option(
     "--check-integrity", help="Check every allocator invariant after every engine step (slow; "
     "a stale hash entry raises at once, naming block and generation).")]

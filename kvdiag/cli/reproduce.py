@@ -16,6 +16,7 @@ from kvdiag.cli.common import (
     DtypeOpt,
     JsonOpt,
     ModelOpt,
+    NoCacheOpt,
     OneCaseOpt,
     OutOpt,
     Output,
@@ -39,7 +40,7 @@ HiddenList = Annotated[str | None, typer.Option(hidden=True)]
 
 
 def run(kind: str, suite: str, cases, allocators, model, device, dtype, spacy_model, out_dir,
-        out: Output, check_integrity: bool = False, amend=None):
+        out: Output, check_integrity: bool = False, amend=None, no_cache: bool = False):
     """Validate everything, run the suite, `amend` the result (verify's gate), finish the
     run directory: a RunResult."""
     from kvdiag.lifecycle import finish_run
@@ -57,7 +58,7 @@ def run(kind: str, suite: str, cases, allocators, model, device, dtype, spacy_mo
     enable_engine_log()
     with out.progress("running", total_requests(loaded, chosen, allocators)) as update:
         result = run_suite(loaded, chosen, allocators=allocators, model=model, device=device,
-                           dtype=dtype, spacy_model=spacy_model, kind=kind,
+                           dtype=dtype, spacy_model=spacy_model, kind=kind, use_cache=not no_cache,
                            progress=lambda n: update(advance=n),
                            on_case=lambda name: update(description=f"case {name}"))
     if amend is not None:
@@ -76,6 +77,7 @@ def reproduce(
     out_dir: OutOpt = None,
     spacy_model: SpacyOpt = None,
     check_integrity: CheckIntegrityOpt = False,
+    no_reference_cache: NoCacheOpt = False,
     as_json: JsonOpt = False,
     cases: HiddenList = None,
     allocators: HiddenList = None,
@@ -95,7 +97,8 @@ def reproduce(
     out = Output(as_json)
     chosen = names((case or []) + ([cases] if cases else []))
     result = run("reproduce", suite, chosen, names((allocator or []) + ([allocators] if allocators else [])),
-                 model, device, dtype, spacy_model, out_dir, out, check_integrity)
+                 model, device, dtype, spacy_model, out_dir, out, check_integrity,
+                 no_cache=no_reference_cache)
     out.finish(result)
 
 
@@ -114,6 +117,7 @@ def verify(
     dtype: DtypeOpt = None,
     out_dir: OutOpt = None,
     check_integrity: CheckIntegrityOpt = False,
+    no_reference_cache: NoCacheOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Gate a release on the trigger: exit 0 pass, 1 the check failed, 2 bad input.
@@ -142,4 +146,4 @@ def verify(
                            "verdict": "pass" if gate["passed"] else "fail"}
 
     out.finish(run("verify", suite, [chosen.name], pair, model, device, dtype, None, out_dir, out,
-                   check_integrity, amend))
+                   check_integrity, amend, no_reference_cache))

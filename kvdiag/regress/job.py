@@ -14,7 +14,9 @@ Returns data; the CLI renders it and chooses the exit code.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,8 +25,9 @@ from kvdiag.errors import KvdiagError
 from kvdiag.regress import baselines as B
 from kvdiag.regress import history as H
 from kvdiag.regress.compare import Check, Tolerances, compare, ground_truth, regressed_rounds
-from kvdiag.regress.keys import BaselineKey, Target, endpoint_key, parse_target, reference_key
+from kvdiag.regress.keys import BaselineKey, endpoint_key, reference_key
 from kvdiag.runs import RunDir, check_writable
+from kvdiag.targets import Target, parse_target
 
 
 @dataclass
@@ -43,6 +46,8 @@ class Options:
     api_key: str | None = None
     flags: dict = field(default_factory=dict)
     concurrency: int = 16
+    live_url: str | None = None  # a vllm-local target's server, once started (targets.live)
+    attach: list[Path] = field(default_factory=list)  # files copied into the run (server log)
 
 
 @dataclass
@@ -80,6 +85,11 @@ def prepare(opts: Options) -> Prepared:
 
     suite = load_suite(opts.suite)
     target = parse_target(opts.target)
+    if target.is_vllm_local:
+        if not opts.live_url:
+            raise KvdiagError(f"--target {target.spec}: its server is not running (start it with "
+                              "kvdiag.targets.live)")
+        target = dataclasses.replace(target, url=opts.live_url)
     cases = suite.select(opts.cases)
     if not cases:
         raise KvdiagError(f"{suite.path}: no case selected by {opts.cases!r}")
@@ -136,13 +146,21 @@ def _reset_cache(p: Prepared, opts: Options) -> bool:
 
 
 def execute(p: Prepared, opts: Options, progress: Callable[..., None] = lambda **_: None) -> Result:
-    from kvdiag.lifecycle import finish_run
-    from kvdiag.regress.measure import brai_against, main_case, measure
-    from kvdiag.runs import Timer, write_run
+    from kvdiag.runs import Timer
 
     timer = Timer()
     cold = p.target.is_reference or _reset_cache(p, opts)
-    result = _run(p, opts, p.run.path, progress)
+    return record(p, opts, _run(p, opts, p.run.path, progress), cold, timer)
+
+
+def record(p: Prepared, opts: Options, result, cold: bool, timer) -> Result:
+    """execute()'s second half, from what was measured (`result`, a RunResult; `cold`: the
+    server's prefix cache was emptied first) to the finished run directory and history row.
+    A fleet's driver calls it with what a Ray task measured elsewhere."""
+    from kvdiag.lifecycle import finish_run
+    from kvdiag.regress.measure import brai_against, main_case, measure
+    from kvdiag.runs import write_run
+
     result.kind = "regress"
     frame, summary = result.frame, result.summary | {"cold_cache": cold}
     write_run(p.run.path, frame, summary)  # what was measured is on disk before anything else
@@ -186,7 +204,9 @@ def execute(p: Prepared, opts: Options, progress: Callable[..., None] = lambda *
         row.update(_history_row(p, run_id, stamped, main, verdict, run_brai))
         return pd.concat([past, pd.DataFrame([row])], ignore_index=True)
 
-    finish_run(result, p.run, timer, history=trend)
+    finish_run(result, p.run, timer, history=trend,
+               before_report=lambda d: [shutil.copy(f, d / Path(f).name) for f in opts.attach
+                                        if Path(f).is_file()])
     run_dir = result.run_dir
     row["run_dir"] = str(run_dir.resolve())
     rounds = [{"case": case, **r, "brai": brais[case]["rounds"].get(r["round"])}

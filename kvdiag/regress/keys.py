@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kvdiag.errors import KvdiagError
+from kvdiag.targets import Target, parse_target  # noqa: F401  (targets are named here too)
 
 CACHE_FLAGS = ("block_size", "cache_dtype", "enable_prefix_caching", "prefix_caching_hash_algo",
                "kv_cache_dtype", "sliding_window", "calculate_kv_scales")
@@ -60,35 +61,6 @@ class BaselineKey:
             if str(mine) != str(theirs):
                 out.append(f"flag {flag}: baseline {theirs}, run {mine}")
         return out
-
-
-@dataclass(frozen=True)
-class Target:
-    """`reference:ALLOCATOR` (the in-process engine) or an http(s) URL (a live server)."""
-
-    spec: str
-    url: str | None = None
-    allocator: str | None = None
-
-    @property
-    def is_reference(self) -> bool:
-        return self.url is None
-
-
-def parse_target(spec: str) -> Target:
-    if spec.startswith(("http://", "https://")):
-        return Target(spec.rstrip("/"), url=spec.rstrip("/"))
-    if spec == "reference" or spec.startswith("reference:"):
-        from reference_engine import allocators
-        from reference_engine.errors import UnknownAllocatorError
-
-        name = spec.split(":", 1)[1] if ":" in spec else "guarded"
-        try:
-            allocators.canonical_name(name)
-        except UnknownAllocatorError as e:
-            raise KvdiagError(f"--target {spec}: {e}") from None
-        return Target(f"reference:{name}", allocator=name)
-    raise KvdiagError(f"--target {spec!r}: expected reference:ALLOCATOR or an http(s):// URL")
 
 
 def suite_sha(path: Path) -> str:

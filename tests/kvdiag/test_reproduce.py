@@ -56,6 +56,36 @@ def test_run_directory_contract(reproduced):
     assert (out / "report.html").stat().st_size > 0
 
 
+def test_results_describe_themselves(reproduced):
+    """summary.json carries its schema version, its kind and the environment it ran in;
+    results.parquet carries the signature in its metadata."""
+    import pyarrow.parquet as pq
+
+    out, summary = reproduced
+    assert summary["schema_version"] >= 2 and summary["kind"] == "reproduce"
+    env = summary["environment"]
+    assert env["packages"]["kvdiag"] and env["packages"]["torch"] and env["python"]
+    meta = pq.read_schema(out / "results.parquet").metadata
+    assert meta[b"kvdiag.signature"].decode() == summary["signature"]
+
+
+def test_a_trigger_not_reproduced_is_no_pass(tmp_path):
+    """A faulty allocator that shows nothing under a case too small to recycle: the run
+    proves nothing, so the verdict is inconclusive (exit 2), never PASS."""
+    from tests.kvdiag.test_regress import TINY
+
+    suite = tmp_path / "tiny.yaml"
+    suite.write_text(TINY)
+    result = CliRunner().invoke(app, ["reproduce", "--suite", str(suite), "--allocator", "buggy",
+                                      "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2, result.output
+    assert "INCONCLUSIVE" in result.output and "NOT reproduced" in result.output
+    assert "PASS" not in result.output
+    import json
+
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["verdict"] == "inconclusive"
+
+
 def test_verify_gates_with_cli_runner(tmp_path):
     """The whole gate matrix in-process, on the smoke suite (the same trigger at 1k-token
     histories); the subprocess test below runs the default suite."""

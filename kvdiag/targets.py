@@ -1,0 +1,89 @@
+"""What a run measures, named by one string everywhere (CLI, suites, fleet files, history):
+
+    reference:ALLOCATOR   the in-process reference engine with that allocator
+    vllm-local[:FAULT]    a real vLLM that kvdiag starts, stops, and may plant FAULT into
+                          (kvdiag.vllm_local: `make vllm-cpu-env`, or any env with vLLM)
+    http(s)://HOST:PORT   a live OpenAI-compatible server somebody else runs
+
+A vllm-local target becomes a URL target while its server runs (`live()`); its spec stays
+the name runs are recorded under, so a weekly trend never depends on a random port.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvdiag.errors import KvdiagError
+
+VLLM_LOCAL = "vllm-local"
+VLLM_BLOCK_SIZE = 32  # vLLM's CPU attention takes block sizes that are multiples of 32
+
+
+@dataclass(frozen=True)
+class Target:
+    spec: str
+    url: str | None = None  # a live server's (a vllm-local target's once started)
+    allocator: str | None = None  # reference targets
+    fault: str | None = None  # vllm-local targets: the fault planted, or None
+
+    @property
+    def is_reference(self) -> bool:
+        return self.allocator is not None
+
+    @property
+    def is_vllm_local(self) -> bool:
+        return self.spec.split(":", 1)[0] == VLLM_LOCAL
+
+
+def parse_target(spec: str) -> Target:
+    """A target string, checked (allocator and fault names included) before any work."""
+    if spec.startswith(("http://", "https://")):
+        return Target(spec.rstrip("/"), url=spec.rstrip("/"))
+    if spec == "reference" or spec.startswith("reference:"):
+        from reference_engine import allocators
+        from reference_engine.errors import UnknownAllocatorError
+
+        name = spec.split(":", 1)[1] if ":" in spec else "guarded"
+        try:
+            allocators.canonical_name(name)
+        except UnknownAllocatorError as e:
+            raise KvdiagError(f"--target {spec}: {e}") from None
+        return Target(f"reference:{name}", allocator=name)
+    if spec == VLLM_LOCAL or spec.startswith(VLLM_LOCAL + ":"):
+        from kvdiag.vllm_local.faults import check_fault
+
+        fault = check_fault(spec.split(":", 1)[1] if ":" in spec else None)
+        return Target(VLLM_LOCAL + (f":{fault}" if fault else ""), fault=fault)
+    raise KvdiagError(f"--target {spec!r}: expected reference:ALLOCATOR, vllm-local[:FAULT] or an "
+                      "http(s):// URL")
+
+
+def vllm_pool(suite, case, model_dir: Path) -> int:
+    """The vLLM pool, in its blocks, that holds as many tokens as the suite's own pool: the
+    size at which the suite's sessions recycle freed blocks (the probe adds pressure beyond)."""
+    from kvdiag.runners.plan import plan_case
+    from reference_engine.tokenizer import Tokenizer
+
+    blocks = plan_case(suite, case, Tokenizer.from_dir(model_dir)).schedule.num_blocks
+    return math.ceil(blocks * suite.block_size / VLLM_BLOCK_SIZE)
+
+
+@contextmanager
+def live(target: Target, suite, case, model_dir: Path, log_dir: Path) -> Iterator[tuple[Target, str]]:
+    """Start the server of a vllm-local target (log kept in log_dir/vllm.log) and yield
+    (the target with its URL, the served model name); other targets pass through."""
+    if not target.is_vllm_local:
+        yield target, None
+        return
+    from kvdiag.vllm_local.launcher import VllmLocal
+
+    Path(log_dir).mkdir(parents=True, exist_ok=True)
+    with VllmLocal(model_dir, fault=target.fault, block_size=VLLM_BLOCK_SIZE,
+                   num_blocks=vllm_pool(suite, case, model_dir),
+                   log_path=Path(log_dir) / "vllm.log") as server:
+        yield dataclasses.replace(target, url=server.base_url), server.served_model
