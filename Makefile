@@ -52,7 +52,14 @@ test-all: setup
 # The tests marked slow (default-suite gates as subprocesses, long sessions): CI runs them
 # after `make test`, as its 90-minute budget allows.
 test-slow: setup
-	$(PY) -m pytest -m slow
+	$(PY) -m pytest -m "slow and not wheel"
+
+# The built package outside the checkout (tests/kvdiag/test_wheel.py): sdist, a wheel built
+# from it, a fresh venv holding only $(TORCH) and that wheel, and the first commands a new
+# user runs, from a directory that is no checkout.
+.PHONY: test-wheel
+test-wheel: setup
+	KVDIAG_WHEEL_TORCH='$(TORCH)' $(PY) -m pytest -m wheel tests/kvdiag/test_wheel.py
 
 reproduce: setup
 	$(KVDIAG) reproduce --cases all
