@@ -46,6 +46,12 @@ promtool:
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# Ray for `kvdiag fleet` and tests/kvdiag/test_fleet.py (skipped without it); never a hard
+# dependency of kvdiag.
+.PHONY: fleet
+fleet: setup
+	$(PY) -m pip install -q -e '.[fleet]'
+
 test-all: setup
 	$(PY) -m pytest
 

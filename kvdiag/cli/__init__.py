@@ -9,6 +9,7 @@ from kvdiag.cli import (
     audit,
     export,
     fixtures,
+    fleet,
     generate,
     isolation,
     probe,
@@ -62,6 +63,7 @@ app.command("history")(regress.history)
 app.command("export")(export.export)
 app.command("exporter")(export.exporter)
 app.add_typer(fixtures.app, name="fixtures")
+app.add_typer(fleet.app, name="fleet")
 
 
 def main() -> None:

@@ -1,0 +1,257 @@
+"""The fleet's Ray driver. Each cell is one Ray task (kvdiag.fleet.cell.measure_cell) with
+its declared CPUs, a time limit and `max_retries`, so a cell whose worker process dies is
+run again by Ray. Results stream back as they finish; only this process writes: each cell's
+run directory (kvdiag.regress.job.record: atomic `.partial` -> committed), the SQLite
+history (one row per finished cell) and FLEET_RUN/cells.jsonl (one line per outcome).
+
+    FLEET_RUN/fleet.json      the plan: fleet file, history, baseline, targets, cells
+    FLEET_RUN/cells.jsonl     one outcome per line, the last line of a cell wins
+    FLEET_RUN/<cell id>/      that cell's regress run directory (report.html, summary.json)
+
+A prepare() that fails (dead endpoint, key mismatch, a target regress cannot run) or a task
+that raises or times out is an ERROR cell; every other cell completes. Resume skips a cell
+whose run directory is committed and whose history row exists; anything else of it is
+removed and the cell runs again, so the history never holds a cell twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from kvdiag.errors import KvdiagError
+from kvdiag.fleet.cell import PID_DIR_ENV, measure_cell
+from kvdiag.fleet.spec import Cell, Fleet
+
+BACKSTOP = 3.0  # a cell still unanswered this many time limits after submission is cancelled
+
+
+@dataclass
+class Outcome:
+    cell: str
+    target: str
+    spec: str
+    suite: str
+    case: str
+    status: str  # PASS, FAIL or ERROR
+    worst: str  # the worst metric (FAIL: the regressed metric and rounds), or the error
+    run_dir: str | None = None
+    run_id: str | None = None
+    seconds: float | None = None
+    resumed: bool = False  # finished by an earlier driver
+
+
+def fleet_dir(out: Path | None) -> Path:
+    from datetime import datetime, timezone
+
+    from kvdiag.paths import REPORTS
+
+    if out is not None:
+        if Path(out).exists() and any(Path(out).iterdir()):
+            raise KvdiagError(f"--out {out}: already exists and is not empty (resume it with --resume)")
+        return Path(out)
+    return REPORTS / ("fleet-" + datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"))
+
+
+def run_fleet(fleet: Fleet, run_dir: Path, *, resume: bool = False, ray_address: str | None = None,
+              num_cpus: int | None = None, on_cell: Callable[[Outcome], None] = lambda o: None
+              ) -> list[Outcome]:
+    """Run every cell not finished yet; return every cell's outcome, in the fleet's order."""
+    run_dir = Path(run_dir).resolve()
+    if resume and not (run_dir / "fleet.json").is_file():
+        raise KvdiagError(f"--resume {run_dir}: not a fleet run (no fleet.json)")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    plan = {"fleet": str(fleet.path.resolve()), "history": str(fleet.history.resolve()),
+            "baseline": str(fleet.baseline.resolve()),
+            "targets": [{"name": t.name, "spec": t.spec, "kind": t.kind} for t in fleet.targets],
+            "cells": [asdict(c) | {"id": c.id} for c in fleet.cells]}
+    (run_dir / "fleet.json").write_text(json.dumps(plan, indent=2) + "\n")
+    from kvdiag.regress import history as H
+
+    H.connect(fleet.history).close()  # created (or checked) before any cell runs
+    done = _finished(fleet, run_dir)
+    outcomes = {cid: o for cid, o in done.items()}
+    for o in done.values():
+        on_cell(o)
+    todo = [c for c in fleet.cells if c.id not in done]
+    if todo:
+        _start_ray(ray_address, num_cpus)
+        try:
+            for o in _drive(fleet, run_dir, todo):
+                outcomes[o.cell] = _append(run_dir, o)
+                on_cell(o)
+        finally:
+            import ray
+
+            ray.shutdown()
+    return [outcomes[c.id] for c in fleet.cells if c.id in outcomes]
+
+
+def _append(run_dir: Path, o: Outcome) -> Outcome:
+    with open(run_dir / "cells.jsonl", "a") as f:
+        f.write(json.dumps(asdict(o)) + "\n")
+    return o
+
+
+def _start_ray(address: str | None, num_cpus: int | None) -> None:
+    try:
+        import ray
+    except ImportError:
+        raise KvdiagError("kvdiag fleet needs Ray: pip install 'kvdiag[fleet]'") from None
+    if address:  # join an existing cluster (ray up, KubeRay): its workers must have kvdiag
+        ray.init(address=address, log_to_driver=False)
+    else:  # the embedded default: a local Ray on this machine, stopped at the end
+        ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=False)
+
+
+def _finished(fleet: Fleet, run_dir: Path) -> dict[str, Outcome]:
+    """The cells an earlier driver finished (committed and in the history), with their last
+    recorded outcome; the leftovers of every other cell are removed."""
+    recorded = set()
+    if fleet.history.is_file():
+        from kvdiag.regress import history as H
+
+        recorded = set(H.runs(fleet.history)["run_dir"].dropna())
+    last = {}
+    if (run_dir / "cells.jsonl").is_file():
+        for line in (run_dir / "cells.jsonl").read_text().splitlines():
+            if line.strip():
+                o = Outcome(**json.loads(line))
+                last[o.cell] = o
+    done = {}
+    for cell in fleet.cells:
+        final, partial = run_dir / cell.id, run_dir / (cell.id + ".partial")
+        if final.is_dir() and str(final) in recorded:
+            # killed between the history row and cells.jsonl: the outcome is in summary.json
+            o = last.get(cell.id) or _append(run_dir, _from_summary(fleet, cell, final))
+            done[cell.id] = Outcome(**(asdict(o) | {"resumed": True}))
+            continue
+        shutil.rmtree(partial, ignore_errors=True)  # killed mid-record: never a verdict
+        if final.is_dir():  # committed but never recorded (killed before the history row)
+            final.rename(_free(run_dir / (cell.id + ".unrecorded")))
+    return done
+
+
+def _from_summary(fleet: Fleet, cell: Cell, run_dir: Path) -> Outcome:
+    from kvdiag.runs import read_summary
+
+    summary = read_summary(run_dir)
+    t, reg = fleet.by_name[cell.target], summary.get("regress", {})
+    return Outcome(cell.id, t.name, t.spec, cell.suite_name, cell.case,
+                   "PASS" if reg.get("verdict") == "pass" else "FAIL", worst_metric(summary),
+                   str(run_dir), reg.get("run_id"), summary.get("wall_seconds"))
+
+
+def _free(path: Path) -> Path:
+    n, out = 1, path
+    while out.exists():
+        n += 1
+        out = path.with_name(f"{path.name}-{n}")
+    return out
+
+
+def _prepare(fleet: Fleet, run_dir: Path, cell: Cell):
+    from kvdiag.regress import job
+
+    t = fleet.by_name[cell.target]
+    if t.kind == "vllm-local":
+        raise KvdiagError(f"{t.spec}: the regression job does not run vllm-local targets yet")
+    opts = job.Options(suite=cell.suite, target=t.spec, model=t.model, cases=cell.case,
+                       baseline=fleet.baseline.resolve(), history=fleet.history.resolve(),
+                       out=run_dir / cell.id, flags=dict(t.flags), concurrency=t.requests,
+                       api_key=os.environ.get(t.api_key_env) if t.api_key_env else None)
+    return job.prepare(opts), opts
+
+
+def _drive(fleet: Fleet, run_dir: Path, todo: list[Cell]):
+    """Submit cells as their target's concurrency allows; yield each outcome as it lands."""
+    import ray
+
+    task = ray.remote(measure_cell)
+    pid_dir = os.environ.get(PID_DIR_ENV)
+    pending, inflight, busy = list(todo), {}, {t.name: 0 for t in fleet.targets}
+    while pending or inflight:
+        for cell in list(pending):
+            t = fleet.by_name[cell.target]
+            if busy[t.name] >= t.concurrency:
+                continue
+            pending.remove(cell)
+            try:
+                p, opts = _prepare(fleet, run_dir, cell)
+            except (KvdiagError, FileNotFoundError, ValueError, OSError) as e:
+                yield _error(fleet, cell, e)
+                continue
+            ref = task.options(num_cpus=t.num_cpus, max_retries=fleet.max_retries,
+                               retry_exceptions=False, name=cell.id).remote(
+                p, opts, cell.id, fleet.time_limit, t.num_cpus, pid_dir)
+            inflight[ref] = (cell, p, opts, time.monotonic())
+            busy[t.name] += 1
+        if not inflight:
+            continue
+        ready, _ = ray.wait(list(inflight), num_returns=1, timeout=2.0)
+        for ref, (cell, p, opts, since) in list(inflight.items()):
+            late = time.monotonic() - since > BACKSTOP * fleet.time_limit
+            if ref not in ready and not late:
+                continue
+            del inflight[ref]
+            busy[cell.target] -= 1
+            if late and ref not in ready:
+                ray.cancel(ref, force=True)
+                shutil.rmtree(p.run.path, ignore_errors=True)
+                yield _error(fleet, cell, KvdiagError(f"no answer within {BACKSTOP:g} x its time limit"))
+                continue
+            yield _record(fleet, cell, p, opts, ref)
+
+
+def _record(fleet: Fleet, cell: Cell, p, opts, ref) -> Outcome:
+    import ray
+
+    from kvdiag.regress import job
+    from kvdiag.runs import Timer
+
+    try:
+        got = ray.get(ref)
+    except Exception as e:  # the task raised, timed out, or its worker died past its retries
+        shutil.rmtree(p.run.path, ignore_errors=True)
+        return _error(fleet, cell, getattr(e, "cause", None) or e)
+    for name, data in got["files"].items():  # the probe's working files, for the record
+        (p.run.path / name).write_bytes(data)
+    timer = Timer()
+    timer.start -= got["seconds"]
+    try:
+        res = job.record(p, opts, got["result"], got["cold"], timer)
+    except Exception as e:  # a bug while recording one cell must not lose the others
+        return _error(fleet, cell, e)
+    t = fleet.by_name[cell.target]
+    return Outcome(cell.id, t.name, t.spec, cell.suite_name, cell.case,
+                   "PASS" if res.verdict == "pass" else "FAIL", worst_metric(res.summary),
+                   str(res.run_dir), res.run_id, round(got["seconds"], 2))
+
+
+def worst_metric(summary: dict) -> str:
+    """FAIL: the first regressed metric and its rounds (or the ground-truth finding);
+    PASS: the main case's SQDR and BRAI."""
+    reg = summary.get("regress", {})
+    for metric, rounds in (reg.get("regressed") or {}).items():
+        if rounds:
+            return f"{metric}: rounds {', '.join(map(str, rounds))}"
+    if reg.get("ground_truth_failures"):
+        return reg["ground_truth_failures"][0]
+    if reg.get("failed_checks"):
+        return reg["failed_checks"][0]["message"]
+    m = next(iter((reg.get("measurement") or {}).values()), {})
+    brai = next(iter((reg.get("brai") or {}).values()), None)
+    return f"sqdr {m.get('sqdr')}, brai {brai}"
+
+
+def _error(fleet: Fleet, cell: Cell, e: BaseException) -> Outcome:
+    t = fleet.by_name[cell.target]
+    text = (str(e).strip().splitlines() or [type(e).__name__])[-1] if not isinstance(e, KvdiagError) \
+        else str(e).splitlines()[0]
+    return Outcome(cell.id, t.name, t.spec, cell.suite_name, cell.case, "ERROR",
+                   f"{type(e).__name__}: {text}"[:300])
