@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -104,7 +105,11 @@ def _as_ids(value) -> tuple[int, ...]:
     return tuple(int(v) for v in value)
 
 
-ATTENTION_MASKS = ("additive", "multiply")
+CHECK_INTEGRITY_ENV = "KVDIAG_CHECK_INTEGRITY"  # "1": EngineConfig.check_integrity defaults on
+
+
+def _env_check_integrity() -> bool:
+    return os.environ.get(CHECK_INTEGRITY_ENV, "") == "1"
 
 
 @dataclass(frozen=True)
@@ -130,7 +135,13 @@ class EngineConfig:
     # a recycled block handed out for new K/V holds this value in every slot before the
     # allocator may zero it. float('nan') reproduces the fault; None leaves bytes as they are.
     recycled_block_fill: float | None = None
-    extra: dict = field(default_factory=dict, compare=False)
+    # Debug: run the allocator's check_integrity() after every scheduling step, raising
+    # RuntimeError at the first broken invariant (as vLLM's debug asserts do). Changes no
+    # output; costs time. Default: the environment variable KVDIAG_CHECK_INTEGRITY=1.
+    check_integrity: bool = field(default_factory=_env_check_integrity, compare=False)
+    # Load no tokenizer (vLLM's skip_tokenizer_init): requests are token ids only, stop ids
+    # come from generation_config.json / config.json, and engine.tokenizer is None.
+    skip_tokenizer_init: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):

@@ -10,15 +10,25 @@ from pathlib import Path
 
 from reference_engine.config import ModelConfig
 from reference_engine.errors import MissingFileError, ShapeMismatchError, UnsupportedModelError
-from reference_engine.tokenizer import Tokenizer
+from reference_engine.tokenizer import Tokenizer, _read_json
 
 
 @dataclass
 class Checkpoint:
     path: Path
     config: ModelConfig
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer | None  # None: loaded with tokenizer=False (vLLM's skip_tokenizer_init)
     weights: dict  # name -> torch.Tensor, as stored
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        """The tokenizer's stop ids; without one, generation_config.json's eos_token_id,
+        else config.json's."""
+        if self.tokenizer is not None:
+            return self.tokenizer.stop_token_ids
+        gen = _read_json(self.path / "generation_config.json").get("eos_token_id")
+        ids = [gen] if isinstance(gen, int) else list(gen or [])
+        return tuple(dict.fromkeys(int(i) for i in ids)) or self.config.eos_token_ids
 
     @property
     def model_hash(self) -> str:
@@ -53,7 +63,14 @@ def model_hash(model_dir: str | Path) -> str:
     return h.hexdigest()[:8]
 
 
-def load_checkpoint(model_dir: str | Path) -> Checkpoint:
+def has_tokenizer(model_dir: str | Path) -> bool:
+    """Whether the directory holds the tokenizer load_checkpoint would read."""
+    return (Path(model_dir) / "tokenizer.json").is_file()
+
+
+def load_checkpoint(model_dir: str | Path, *, tokenizer: bool = True) -> Checkpoint:
+    """tokenizer=False skips the tokenizer (as vLLM's skip_tokenizer_init): requests are then
+    token ids only, and Checkpoint.tokenizer is None."""
     from safetensors.torch import load_file
 
     model_dir = Path(model_dir)
@@ -66,8 +83,8 @@ def load_checkpoint(model_dir: str | Path) -> Checkpoint:
             weights.update(load_file(str(f)))
         except Exception as e:  # safetensors raises its own SafetensorError
             raise UnsupportedModelError(f"{f}: cannot be read ({str(e).splitlines()[0]})") from None
-    tokenizer = Tokenizer.from_dir(model_dir, config_eos=config.eos_token_ids)
-    return Checkpoint(path=model_dir, config=config, tokenizer=tokenizer, weights=weights)
+    tok = Tokenizer.from_dir(model_dir, config_eos=config.eos_token_ids) if tokenizer else None
+    return Checkpoint(path=model_dir, config=config, tokenizer=tok, weights=weights)
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -27,13 +27,14 @@ class _Item:
 
 
 def _slots(seq, bs: int) -> np.ndarray:
-    """Every slot of the sequence's block table, in position order (cached until the table
-    changes: it only grows, or is emptied by a preemption)."""
-    n = len(seq.block_table)
+    """Every slot of the sequence's block table, in position order. Cached on the sequence
+    with a copy of the table it was computed from, and recomputed whenever the table differs
+    (grown, emptied, or replaced by a new allocation): whoever changes a block table need not
+    know this cache exists. Comparing two int lists costs far less than rebuilding."""
     cached = seq.slot_cache
-    if cached is None or cached[0] != n:
+    if cached is None or cached[0] != seq.block_table:
         table = np.asarray(seq.block_table, dtype=np.int64)
-        seq.slot_cache = cached = (n, (table[:, None] * bs + np.arange(bs)).ravel())
+        seq.slot_cache = cached = (list(seq.block_table), (table[:, None] * bs + np.arange(bs)).ravel())
     return cached[1]
 
 
@@ -129,7 +130,7 @@ class PagedBackend:
             o, probs = decode_attention(q[self.dec_rows], kg, vg, self.dec_valid, self.mode,
                                         self.scale, self.capture)
             out[self.dec_rows] = o
-            if probs is not None:
+            if self.capture:  # multiply mode returns probs even when not capturing
                 self._capture(self.decode, probs, self.dec_bad)
         for it in self.prefill:
             r0, r1 = it.row0, it.row0 + it.sched.num_tokens

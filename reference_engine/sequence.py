@@ -71,7 +71,7 @@ class Sequence:
         self.foreign_seen: np.ndarray | None = None  # bool per position, allocated on first read
         self.unwritten_seen: np.ndarray | None = None
         self.attention: list = []  # per generated token, when the engine keeps probabilities
-        self.slot_cache: tuple[int, np.ndarray] | None = None  # (table length, slots), backend
+        self.slot_cache: tuple[list[int], np.ndarray] | None = None  # backend's: (table, slots)
 
     @property
     def output_ids(self) -> list[int]:

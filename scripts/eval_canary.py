@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from kvdiag.facts import FLAVOURS, build_session, make_knowledge_base
+from kvdiag.facts import FLAVOURS, SessionPlan, build_session, make_knowledge_base
 
 BLOCK = 16
 
@@ -84,8 +84,9 @@ def make_sessions(n: int, max_len: int, count) -> list:
     for i in range(n):
         rng = random.Random(f"eval:{i}")
         kb = make_knowledge_base(FLAVOURS[i % 3], rng.randint(40, 128), seed=i)
-        out.append(build_session(kb, style="canary", seed=i, prompt_lengths=schedule(rng, max_len),
-                                 count_tokens=count, session_id=f"eval{i}"))
+        out.append(build_session(SessionPlan(kb, style="canary", seed=i,
+                                             prompt_lengths=schedule(rng, max_len),
+                                             count_tokens=count, session_id=f"eval{i}")))
     return out
 
 

@@ -15,6 +15,7 @@ from kvdiag.cli.common import (
     JsonOpt,
     ModelOpt,
     Output,
+    enable_engine_log,
     handle_errors,
 )
 from kvdiag.errors import KvdiagError
@@ -44,25 +45,28 @@ def generate(
     """Greedy generation with the reference engine on any supported local HF model directory.
 
     With --json prints {"token_ids": [...], "text": "..."} for the generated tokens only.
+    --prompt-ids needs no tokenizer: on a model directory without one, "text" is null.
+    The engine's start-up lines go to stderr.
     """
     from reference_engine.config import EngineConfig
     from reference_engine.engine import LLMEngine
+    from reference_engine.loader import has_tokenizer
 
     out = Output(as_json)
     if (prompt is None) == (prompt_ids is None):
         raise KvdiagError("give exactly one of --prompt or --prompt-ids")
+    ids = _parse_ids(prompt_ids) if prompt_ids is not None else None
+    # token ids need no tokenizer (vLLM's skip_tokenizer_init); text does, and says so
+    skip_tokenizer = ids is not None and not has_tokenizer(model)
+    enable_engine_log()
     engine = LLMEngine(Path(model), EngineConfig(allocator=allocator, device=device, dtype=dtype,
-                                                 max_num_seqs=1))
+                                                 max_num_seqs=1, skip_tokenizer_init=skip_tokenizer))
     tok = engine.tokenizer
-    if prompt_ids is not None:
-        ids = _parse_ids(prompt_ids)
-    elif chat:
-        ids = tok.encode_chat([{"role": "user", "content": prompt}])
-    else:
-        ids = tok.encode(prompt)
+    if ids is None:
+        ids = tok.encode_chat([{"role": "user", "content": prompt}]) if chat else tok.encode(prompt)
     (seq,) = engine.generate([ids], max_tokens=max_tokens)
-    text = tok.decode(seq.output_ids)
+    text = None if tok is None else tok.decode(seq.output_ids)
     if as_json:
         out.json({"token_ids": seq.output_ids, "text": text})
     else:
-        out.out.print(text, markup=False)
+        out.out.print(" ".join(map(str, seq.output_ids)) if text is None else text, markup=False)

@@ -6,8 +6,8 @@ knowledge base kept beside them for fact-checking.
 """
 
 from kvdiag.facts.knowledge import FLAVOURS, Fact, KnowledgeBase, make_knowledge_base
-from kvdiag.facts.session import Round, Session, build_session
+from kvdiag.facts.session import Round, Session, SessionPlan, build_session
 from kvdiag.facts.styles import STYLES
 
-__all__ = ["FLAVOURS", "STYLES", "Fact", "KnowledgeBase", "Round", "Session", "build_session",
+__all__ = ["FLAVOURS", "STYLES", "Fact", "KnowledgeBase", "Round", "Session", "SessionPlan", "build_session",
            "make_knowledge_base"]

@@ -55,8 +55,44 @@ class Session:
         return msgs
 
 
+# planner(round, shortest feasible prompt, tokens the answer will generate) -> prompt length
+Planner = Callable[[int, int, int], int]
+
+
+@dataclass(frozen=True)
+class SessionPlan:
+    """Everything one session is built from.
+
+    One round per entry of prompt_lengths. Instead of fixed lengths, a `planner` may choose
+    each round's length once the round's request is known: planner(r, shortest feasible
+    length, answer tokens) (answer tokens as `answer_tokens(expected)` counts them, stop
+    token included), for `num_rounds` rounds. `count_tokens(messages)` is the target
+    model's prompt length for chat messages (template and generation prompt included)."""
+
+    kb: KnowledgeBase
+    style: str
+    seed: int
+    count_tokens: Callable[[list[dict]], int]
+    prompt_lengths: Sequence[int] | None = None
+    session_id: str = "s0"
+    recite_every: int = 4
+    system: str | None = None
+    first_round_facts: int = 8
+    block_size: int = 16
+    planner: Planner | None = None
+    num_rounds: int | None = None
+    answer_tokens: Callable[[str], int] | None = None
+    new_facts: Sequence[int] = (0, 0, 1, 2)  # new facts per round after the first, drawn
+    ask_recent: float = 0.7  # chance a question picks a fact of the last two rounds
+    ask_new: float = 0.3  # chance a question asks about a fact stated in its own round
+
+    def session(self, rounds) -> Session:
+        return Session(self.session_id, self.style, self.kb, tuple(rounds), self.system)
+
+
 @dataclass
 class _State:
+    rend: object  # the style's renderer
     rng: random.Random
     unstated: list[Fact]
     stated_round: dict[Fact, int] = field(default_factory=dict)
@@ -67,103 +103,98 @@ class _State:
     tokens_per_word: float | None = None  # natural style, measured once
 
 
-# planner(round, shortest feasible prompt, tokens the answer will generate) -> prompt length
-Planner = Callable[[int, int, int], int]
-
-
-def build_session(kb: KnowledgeBase, *, style: str, seed: int,
-                  prompt_lengths: Sequence[int] | None = None,
-                  count_tokens: Callable[[list[dict]], int], session_id: str = "s0",
-                  recite_every: int = 4, system: str | None = None, first_round_facts: int = 8,
-                  block_size: int = 16, planner: Planner | None = None, num_rounds: int | None = None,
-                  answer_tokens: Callable[[str], int] | None = None,
-                  new_facts: Sequence[int] = (0, 0, 1, 2), ask_recent: float = 0.7,
-                  ask_new: float = 0.3) -> Session:
-    """One round per entry of prompt_lengths; see the module docstring.
-
-    Instead of fixed lengths, a `planner` may choose each round's length once the round's
-    request is known: planner(r, shortest feasible length, answer tokens) (answer tokens as
-    `answer_tokens(expected)` counts them, stop token included), for `num_rounds` rounds.
+def build_session(plan: SessionPlan) -> Session:
+    """The session `plan` describes; see the module docstring.
 
     Raises ValueError naming the round when a length is infeasible (shorter than the
     history + the shortest request, or not reachable exactly with this tokenizer)."""
-    if style not in STYLES:
-        raise ValueError(f"style must be one of {', '.join(STYLES)}, got {style!r}")
-    if planner is not None:
-        if num_rounds is None or answer_tokens is None:
+    if plan.style not in STYLES:
+        raise ValueError(f"style must be one of {', '.join(STYLES)}, got {plan.style!r}")
+    lengths = plan.prompt_lengths
+    if plan.planner is not None:
+        if plan.num_rounds is None or plan.answer_tokens is None:
             raise ValueError("a planner needs num_rounds and answer_tokens")
-        prompt_lengths = [None] * num_rounds
-    if not prompt_lengths:
+        lengths = [None] * plan.num_rounds
+    if not lengths:
         raise ValueError("prompt_lengths is empty: a session needs at least one round")
-    rend = renderer(style)
-    st = _State(random.Random(f"session:{style}:{session_id}:{seed}"), list(kb.facts))
+    st = _State(renderer(plan.style), random.Random(f"session:{plan.style}:{plan.session_id}:{plan.seed}"),
+                list(plan.kb.facts))
     st.rng.shuffle(st.unstated)
     rounds: list[Round] = []
-    for r, target in enumerate(prompt_lengths):
-        partial = Session(session_id, style, kb, (*rounds, Round("", "", "question", (), ())), system)
-        empty = count_tokens(partial.messages(r))  # history + this round's empty user message
-        nxt = prompt_lengths[r + 1] if planner is None and r + 1 < len(prompt_lengths) else None
-        cap = getattr(planner, "limit", lambda _r: None)(r) if planner else None
-        chosen = _choose_request(r, rend, st, recite_every, nxt, partial, count_tokens, empty,
-                                 (cap or empty + 1_000_000) if planner else target, block_size,
-                                 ask_recent, ask_new)
-        request, expected, kind, asked, need = chosen
-        if request is None:
-            raise ValueError(f"round {r}: prompt_lengths[{r}] = {target} leaves no room for a "
-                             f"request after a history of {empty} tokens")
-        if planner is not None:
-            cost = 1 if style == "canary" else 3
-            target = planner(r, empty + need * cost + GAP, answer_tokens(expected))
-        n_new = first_round_facts if r == 0 else st.rng.choice(tuple(new_facts))
-        new = st.unstated[:n_new]
-        if kind == "question" and asked[0] not in st.stated_round:
-            new = [asked[0], *(f for f in new if f != asked[0])]
-        must = asked[0] if kind == "question" else None
-        for attempt in range(6):  # natural: fewer items per attempt until they fit
-            if style == "natural" and st.tokens_per_word is None:
-                st.tokens_per_word = _tokens_per_word(rend, count_tokens)
-            cost = 1.0 if style == "canary" else st.tokens_per_word * 1.5 ** attempt
-            words, stated, offsets, line, next_marker = _layout(
-                r, rend, st, new, request, target - empty, empty, style, block_size, must, cost)
-            rnd = Round(" ".join(words), expected, kind, asked, tuple(stated), tuple(offsets))
-            if style == "canary":
-                break
-            try:
-                rnd = _fit_natural(r, rnd, len(request), rounds, kb, session_id, system, target,
-                                   count_tokens, st)
-                break
-            except _TooLong:
-                if attempt == 5:
-                    raise ValueError(f"round {r}: its request alone takes more than "
-                                     f"prompt_lengths[{r}] = {target} tokens") from None
-        if line is not None:
-            st.lines.append((r, line))
-            st.next_marker = next_marker
-        got = count_tokens(Session(session_id, style, kb, (*rounds, rnd), system).messages(r))
-        if got != target:
-            raise ValueError(f"round {r}: reached {got} tokens, not prompt_lengths[{r}] = {target} "
-                             f"(is count_tokens the {style} model's tokenizer and chat template?)")
-        for f in stated:
-            st.stated_round[f] = r
-            st.unstated.remove(f)
-        rounds.append(rnd)
-    return Session(session_id, style, kb, tuple(rounds), system)
+    for r, target in enumerate(lengths):
+        nxt = lengths[r + 1] if plan.planner is None and r + 1 < len(lengths) else None
+        rounds.append(_build_round(plan, st, rounds, r, target, nxt))
+    return plan.session(rounds)
 
 
-def _choose_request(r, rend, st, recite_every, nxt, partial, count_tokens, empty, target,
-                    block_size, ask_recent=0.7, ask_new=0.3):
+def _build_round(plan: SessionPlan, st: _State, rounds: list[Round], r: int, target: int | None,
+                 nxt: int | None) -> Round:
+    """Round r after `rounds`, of exactly `target` tokens (or the planner's choice)."""
+    style = plan.style
+    partial = plan.session((*rounds, Round("", "", "question", (), ())))
+    empty = plan.count_tokens(partial.messages(r))  # history + this round's empty user message
+    if plan.planner:
+        cap = getattr(plan.planner, "limit", lambda _r: None)(r)
+        room_target = cap or empty + 1_000_000
+    else:
+        room_target = target
+    request, expected, kind, asked, need = _choose_request(plan, st, r, nxt, partial, empty,
+                                                           room_target)
+    if request is None:
+        raise ValueError(f"round {r}: prompt_lengths[{r}] = {target} leaves no room for a "
+                         f"request after a history of {empty} tokens")
+    if plan.planner is not None:
+        cost = 1 if style == "canary" else 3
+        target = plan.planner(r, empty + need * cost + GAP, plan.answer_tokens(expected))
+    n_new = plan.first_round_facts if r == 0 else st.rng.choice(tuple(plan.new_facts))
+    new = st.unstated[:n_new]
+    if kind == "question" and asked[0] not in st.stated_round:
+        new = [asked[0], *(f for f in new if f != asked[0])]
+    must = asked[0] if kind == "question" else None
+    for attempt in range(6):  # natural: fewer items per attempt until they fit
+        if style == "natural" and st.tokens_per_word is None:
+            st.tokens_per_word = _tokens_per_word(st.rend, plan.count_tokens)
+        cost = 1.0 if style == "canary" else st.tokens_per_word * 1.5 ** attempt
+        words, stated, offsets, line, next_marker = _layout(
+            plan, st, r, new, request, room=target - empty, empty=empty, must_state=must, cost=cost)
+        rnd = Round(" ".join(words), expected, kind, asked, tuple(stated), tuple(offsets))
+        if style == "canary":
+            break
+        try:
+            rnd = _fit_natural(plan, st, r, rnd, len(request), rounds, target)
+            break
+        except _TooLong:
+            if attempt == 5:
+                raise ValueError(f"round {r}: its request alone takes more than "
+                                 f"prompt_lengths[{r}] = {target} tokens") from None
+    if line is not None:
+        st.lines.append((r, line))
+        st.next_marker = next_marker
+    got = plan.count_tokens(plan.session((*rounds, rnd)).messages(r))
+    if got != target:
+        raise ValueError(f"round {r}: reached {got} tokens, not prompt_lengths[{r}] = {target} "
+                         f"(is count_tokens the {style} model's tokenizer and chat template?)")
+    for f in stated:
+        st.stated_round[f] = r
+        st.unstated.remove(f)
+    return rnd
+
+
+def _choose_request(plan: SessionPlan, st: _State, r: int, nxt: int | None, partial: Session,
+                    empty: int, target: int):
     """(request words, expected, kind, asked, words it needs) or (None, ...) if nothing fits."""
+    rend, block_size = st.rend, plan.block_size
     room = target - empty
     cands: list[tuple[list[str], str, str, tuple[Fact, ...]]] = []
-    if recite_every and r > 0 and (r + 1) % recite_every == 0:
+    if plan.recite_every and r > 0 and (r + 1) % plan.recite_every == 0:
         lines = [(rr, ln) for rr, ln in st.lines if ln.span not in st.recited]
         lines.sort(key=lambda x: -x[0] + st.rng.random() * 2)  # recent first, a little shuffled
         cands += [(list(ln.request), " ".join(ln.span), "recite", ()) for _, ln in lines]
     stated = [f for f in st.stated_round if f not in st.asked]
     recent = [f for f in stated if st.stated_round[f] >= r - 2]
-    pool = recent if recent and st.rng.random() < ask_recent else stated
+    pool = recent if recent and st.rng.random() < plan.ask_recent else stated
     order = st.rng.sample(pool, len(pool)) + [f for f in stated if f not in pool]
-    if r == 0 or st.rng.random() < ask_new or not order:  # sometimes ask about a fact stated now
+    if r == 0 or st.rng.random() < plan.ask_new or not order:  # sometimes ask about a fact stated now
         order = [f for f in st.unstated[:1]] + order
     order += [f for f in st.stated_round if f in st.asked]  # repeats as a last resort
     for f in order:
@@ -175,7 +206,7 @@ def _choose_request(r, rend, st, recite_every, nxt, partial, count_tokens, empty
 
     fitting = [c for c in cands if need(c) * (1 if rend.style == "canary" else 3) <= room]
     if nxt is not None:  # prefer a request whose answer leaves room for the next round
-        fits = (c for c in fitting if _next_fits(partial, r, c[0], c[1], target, nxt, count_tokens))
+        fits = (c for c in fitting if _next_fits(plan, partial, r, c[0], c[1], target, nxt))
         fitting = [next(fits, fitting[0] if fitting else None)]
     for c in [c for c in fitting[:1] if c is not None]:
         words, expected, kind, asked = c
@@ -187,21 +218,21 @@ def _choose_request(r, rend, st, recite_every, nxt, partial, count_tokens, empty
     return None, "", "question", (), 0
 
 
-def _next_fits(partial, r, words, expected, target, nxt, count_tokens) -> bool:
+def _next_fits(plan: SessionPlan, partial: Session, r: int, words, expected: str, target: int,
+               nxt: int) -> bool:
     """Would round r+1 still fit a two-word request after this round and its answer?"""
-    def session(rounds):
-        return Session(partial.session_id, partial.style, partial.kb, rounds, partial.system)
-
     this = Round(" ".join(words), expected, "question", (), ())
-    now = count_tokens(session((*partial.rounds[:r], this)).messages(r))
-    probe = session((*partial.rounds[:r], this, Round("x x", "", "question", (), ())))
-    return count_tokens(probe.messages(r + 1)) + (target - now) <= nxt
+    now = plan.count_tokens(plan.session((*partial.rounds[:r], this)).messages(r))
+    probe = plan.session((*partial.rounds[:r], this, Round("x x", "", "question", (), ())))
+    return plan.count_tokens(probe.messages(r + 1)) + (target - now) <= nxt
 
 
-def _layout(r, rend, st, new, request, room, empty, style, block_size, must_state, cost):
+def _layout(plan: SessionPlan, st: _State, r: int, new: list[Fact], request: list[str], *,
+            room: int, empty: int, must_state: Fact | None, cost: float):
     """User message words: facts (block-aligned in canary style), maybe a line, filler (canary),
-    request. Returns (words, stated facts, their key offsets, the line added or None, the
-    next free line marker)."""
+    request, within `room` tokens (`cost` tokens a word). Returns (words, stated facts, their
+    key offsets, the line added or None, the next free line marker)."""
+    rend, style, block_size = st.rend, plan.style, plan.block_size
     words: list[str] = []
     stated, offsets, added, next_marker = [], [], None, st.next_marker
     start = empty - CANARY_SUFFIX  # canary: prompt offset of the first content word
@@ -243,8 +274,8 @@ class _TooLong(ValueError):
     pass
 
 
-def _fit_natural(r, rnd, n_request, rounds, kb, session_id, system, target, count_tokens,
-                 st) -> Round:
+def _fit_natural(plan: SessionPlan, st: _State, r: int, rnd: Round, n_request: int,
+                 rounds: list[Round], target: int) -> Round:
     """Natural style: add filler words before the request one by one until the count is
     exact; on overshooting, try a short word instead of the last one."""
     from kvdiag.facts.styles import english_sentence
@@ -254,7 +285,7 @@ def _fit_natural(r, rnd, n_request, rounds, kb, session_id, system, target, coun
 
     def count(extra: list[str]) -> int:
         probe = Round(" ".join(body + extra + req), rnd.expected, rnd.kind, rnd.asked, rnd.stated)
-        return count_tokens(Session(session_id, "natural", kb, (*rounds, probe), system).messages(r))
+        return plan.count_tokens(plan.session((*rounds, probe)).messages(r))
 
     extra: list[str] = []
     pool: list[str] = []

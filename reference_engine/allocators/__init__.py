@@ -6,20 +6,39 @@
     unchained-hash    block hash without its parent hash
     salt-collision    cache_salt and LoRA name folded into one untagged key
     guarded           SequenceGuard (guard.py, this project's design) around stale-hash
-    guarded:NAME      SequenceGuard around any registered allocator
+    guarded:NAME      SequenceGuard around any registered allocator but a guarded one
+
+The names are known here, statically: `canonical_name` and `available` import no
+implementation (and so no torch or numpy), so a suite's allocator names are validated
+instantly. An implementation module is imported by the first `create` that needs it; its
+`@register` decorators then fill the factory table.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
 from reference_engine.errors import UnknownAllocatorError
 
-_REGISTRY: dict[str, Callable] = {}
-_ALIASES: dict[str, str] = {}
+# name -> module (under reference_engine.allocators) whose @register defines it
+_BUILTINS: dict[str, str] = {
+    "prefix-cache": "prefix_cache",
+    "stale-hash": "faults",
+    "stale-bytes": "faults",
+    "unchained-hash": "faults",
+    "salt-collision": "faults",
+    "guarded": "guard",
+}
+_ALIASES: dict[str, str] = {"buggy": "stale-hash"}
+GUARD_PREFIX = "guarded:"
+
+_REGISTRY: dict[str, Callable] = {}  # name -> factory(num_blocks, block_size, enable_caching)
 
 
 def register(name: str, aliases: tuple[str, ...] = ()):
+    """Class or function decorator: make `name` (and its aliases) create this allocator."""
+
     def wrap(factory):
         _REGISTRY[name] = factory
         for a in aliases:
@@ -29,16 +48,20 @@ def register(name: str, aliases: tuple[str, ...] = ()):
     return wrap
 
 
-def _load_builtins() -> None:
-    from reference_engine.allocators import faults, guard, prefix_cache  # noqa: F401
+def _is_guarded(name: str) -> bool:
+    return name == "guarded" or name.startswith(GUARD_PREFIX)
 
 
 def canonical_name(name: str) -> str:
-    _load_builtins()
-    if name.startswith("guarded:"):
-        return "guarded:" + canonical_name(name.split(":", 1)[1])
+    """The registered name behind `name` (aliases resolved); UnknownAllocatorError otherwise.
+    Imports no implementation."""
+    if name.startswith(GUARD_PREFIX):
+        inner = canonical_name(name[len(GUARD_PREFIX):])
+        if _is_guarded(inner):
+            raise UnknownAllocatorError(f"unknown allocator {name!r}: {inner!r} is already guarded")
+        return GUARD_PREFIX + inner
     name = _ALIASES.get(name, name)
-    if name not in _REGISTRY:
+    if name not in _BUILTINS and name not in _REGISTRY:
         raise UnknownAllocatorError(
             f"unknown allocator {name!r} (known: {', '.join(available())}, or guarded:NAME)"
         )
@@ -46,15 +69,18 @@ def canonical_name(name: str) -> str:
 
 
 def available() -> list[str]:
-    _load_builtins()
-    return sorted(_REGISTRY) + sorted(_ALIASES)
+    """Every registered name, then every alias. Imports no implementation."""
+    return sorted(set(_BUILTINS) | set(_REGISTRY)) + sorted(_ALIASES)
 
 
 def create(name: str, num_blocks: int, block_size: int, enable_caching: bool = True):
+    """A new allocator by (canonical or alias) name; `guarded:NAME` wraps NAME in a SequenceGuard."""
     name = canonical_name(name)
-    if name.startswith("guarded:"):
+    if name.startswith(GUARD_PREFIX):
         from reference_engine.allocators.guard import SequenceGuard
 
-        inner = create(name.split(":", 1)[1], num_blocks, block_size, enable_caching)
+        inner = create(name[len(GUARD_PREFIX):], num_blocks, block_size, enable_caching)
         return SequenceGuard(inner)
+    if name not in _REGISTRY:
+        importlib.import_module(f"{__name__}.{_BUILTINS[name]}")
     return _REGISTRY[name](num_blocks, block_size, enable_caching)

@@ -47,13 +47,17 @@ class BlockAllocator(ABC):
       reference: only `allocate` does.
     - `allocate(seq, match)` takes a reference on every matched block and gives `seq` new blocks
       for the rest of its tokens, setting `seq.block_table`; it raises NoFreeBlocks, changing
-      nothing, when the pool cannot serve it.
+      nothing (neither the pool nor any bookkeeping of its own), when the pool cannot serve it.
     - `append_block(seq)` gives a decoding sequence one more block.
     - `cache_full_blocks(seq, num_tokens)` registers the blocks that the first `num_tokens`
       tokens fill (K/V written) under their chained hashes.
     - `free(seq)` drops the sequence's references; blocks at zero references stay cached (and
       hittable) until recycled, tail blocks first.
     - `check_integrity()` raises RuntimeError, with the numbers, if an invariant is broken.
+
+    An allocator touches only its own state and a sequence's block fields (`block_table`,
+    `block_hashes`, `num_cached_blocks`); caches the backend derives from a block table are
+    the backend's to invalidate.
 
     Two class attributes describe how the engine treats this allocator's blocks:
     `zero_new_blocks` (new K/V blocks are zeroed before use) and `attention_mask`
@@ -127,3 +131,20 @@ class BlockAllocator(ABC):
     def usage(self) -> float:
         """Fraction of blocks held by running sequences (vLLM's kv_cache_usage_perc)."""
         return 1.0 - self.num_free_blocks / self.num_blocks
+
+
+class PrefixCachingAllocator(BlockAllocator):
+    """An allocator whose prefix cache is a table of chained block hash -> block id that a
+    wrapper (the SequenceGuard) can audit entry by entry:
+
+    - `cached_block_id(block_hash)` returns the block the table serves for that hash, or
+      None; it takes no reference and changes nothing.
+    - `drop_hash(block_hash)` removes that entry (nothing if absent), so later lookups miss
+      it; the block's K/V and references are untouched.
+    """
+
+    @abstractmethod
+    def cached_block_id(self, block_hash: bytes) -> int | None: ...
+
+    @abstractmethod
+    def drop_hash(self, block_hash: bytes) -> None: ...

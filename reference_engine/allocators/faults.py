@@ -1,10 +1,14 @@
 """The fault catalog: one small subclass of the correct allocator per fault, each naming the
-real bug it models. The engine, scheduler and kernel are the same for all of them."""
+real bug it models. The engine, scheduler and kernel are the same for all of them.
+
+Each keeps the whole state of PrefixCacheAllocator (prefix_cache.py), generations included:
+the stale-hash fault never reads them, but check_integrity() uses them to name the block
+and generation of the first stale entry. Only StaleHashAllocator adds state of its own."""
 
 from __future__ import annotations
 
 from reference_engine.allocators import register
-from reference_engine.allocators.base import MatchResult, block_hash
+from reference_engine.allocators.base import MatchResult, NoFreeBlocks, block_hash
 from reference_engine.allocators.prefix_cache import Block, PrefixCacheAllocator
 from reference_engine.sequence import Sequence
 
@@ -21,6 +25,11 @@ class StaleHashAllocator(PrefixCacheAllocator):
     later lookup of the old prefix hits a block that now holds another sequence's K/V.
     Modelled on nano-vllm's "fix cache hit" commit (its `_allocate_block` reset the block
     but left the dict entry) and on what vLLM's `_maybe_evict_cached_block` prevents.
+
+    State beyond PrefixCacheAllocator's:
+        partial_tails   set[bytes]   hash of the last full block before each freed
+                                     sequence's partial tail block (where it stopped)
+        _on_jump_path   bool         True only inside an allocate on the jump path
     """
 
     name = "stale-hash"
@@ -28,9 +37,11 @@ class StaleHashAllocator(PrefixCacheAllocator):
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
         super().__init__(num_blocks, block_size, enable_caching)
-        self.partial_tails: set[bytes | None] = set()  # parent hash of a freed partial block
+        self.partial_tails: set[bytes] = set()  # parent hash of a freed partial block
 
     def allocate(self, seq: Sequence, match: MatchResult):
+        if not self.can_allocate(seq, match):
+            raise NoFreeBlocks  # before partial_tails changes: a refused allocate changes nothing
         hit = len(match.block_ids)
         continues = hit > 0 and seq.block_hashes[hit - 1] in self.partial_tails
         self.partial_tails.difference_update(seq.block_hashes)  # tails this request supersedes

@@ -16,6 +16,19 @@ Free keeps the block's generation: a freed block still holds its K/V and must st
 until it is recycled, so only recycling changes the stamp. (Resetting the stamp on free, as
 the original report words it, would make every freed block a miss and switch prefix caching
 off for multi-turn sessions.)
+
+The guard wraps a PrefixCachingAllocator: it reads single hash entries
+(`cached_block_id`) and drops the ones it proves stale (`drop_hash`). It refuses any other
+inner allocator with a TypeError, and a guard cannot wrap a guard.
+
+State, all of it (besides `inner`, whose state is its own):
+    generation          list[int]                  per block: stamp of its latest allocation
+    _next_generation    int                        the next stamp to hand out
+    entry_generation    dict[bytes, (int, int)]    hash -> (block, generation) when cached
+    block_entries       dict[int, set[bytes]]      block -> hashes recorded on it
+    table_generations   dict[int, (Sequence, list[int])]  seq id -> its block table's
+                                                   generations when last allocated
+    guard_rejections    int                        stale entries caught
 """
 
 from __future__ import annotations
@@ -23,7 +36,12 @@ from __future__ import annotations
 from collections import defaultdict
 
 from reference_engine.allocators import register
-from reference_engine.allocators.base import AllocateResult, BlockAllocator, MatchResult
+from reference_engine.allocators.base import (
+    AllocateResult,
+    BlockAllocator,
+    MatchResult,
+    PrefixCachingAllocator,
+)
 from reference_engine.allocators.faults import StaleHashAllocator
 from reference_engine.sequence import Sequence
 
@@ -32,7 +50,12 @@ class SequenceGuard(BlockAllocator):
     guarded = True
     zero_new_blocks = True
 
-    def __init__(self, inner: BlockAllocator, name: str | None = None) -> None:
+    def __init__(self, inner: PrefixCachingAllocator, name: str | None = None) -> None:
+        if not isinstance(inner, PrefixCachingAllocator):
+            raise TypeError(
+                f"SequenceGuard wraps a PrefixCachingAllocator (cached_block_id, drop_hash); "
+                f"{type(inner).__name__} is not one"
+            )
         super().__init__(inner.num_blocks, inner.block_size, inner.enable_caching)
         self.inner = inner
         self.name = name or f"guarded:{inner.name}"
@@ -70,10 +93,9 @@ class SequenceGuard(BlockAllocator):
         self.inner.cache_full_blocks(seq, num_tokens)
         if not self.enable_caching:
             return
-        table = self.inner.hash_to_block_id
         for i in range(start, seq.num_cached_blocks):
             h, block_id = seq.block_hashes[i], seq.block_table[i]
-            if table.get(h) == block_id and h not in self.entry_generation:
+            if self.inner.cached_block_id(h) == block_id and h not in self.entry_generation:
                 self.entry_generation[h] = (block_id, self.generation[block_id])
                 self.block_entries[block_id].add(h)
 
@@ -92,7 +114,7 @@ class SequenceGuard(BlockAllocator):
         for block_id in result.new_block_ids:
             for h in self.block_entries.pop(block_id, ()):  # recycled: old entries are stale
                 self.entry_generation.pop(h, None)
-                if self.inner.hash_to_block_id.get(h) == block_id:
+                if self.inner.cached_block_id(h) == block_id:
                     self._reject(h, seq)
             self.generation[block_id] = self._next_generation
             self._next_generation += 1
@@ -109,12 +131,12 @@ class SequenceGuard(BlockAllocator):
 
     def check_integrity(self) -> None:
         self.inner.check_integrity()
-        table = self.inner.hash_to_block_id
         for h, (block_id, gen) in self.entry_generation.items():
-            if gen != self.generation[block_id] or table.get(h) != block_id:
+            now = self.inner.cached_block_id(h)
+            if gen != self.generation[block_id] or now != block_id:
                 raise RuntimeError(
                     f"hash entry {h.hex()[:12]} recorded block {block_id} at generation {gen}; "
-                    f"block is at generation {self.generation[block_id]}, table says {table.get(h)}"
+                    f"block is at generation {self.generation[block_id]}, table says {now}"
                 )
         for seq, gens in self.table_generations.values():
             now = [self.generation[b] for b in seq.block_table]

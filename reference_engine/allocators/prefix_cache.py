@@ -2,10 +2,13 @@
 (`vllm/v1/core/block_pool.py`).
 
 State, all of it:
-    blocks            list[Block]         ref_cnt and block_hash per physical block
+    blocks            list[Block]         ref_cnt, block_hash, generation per physical block
     hash_to_block_id  dict[bytes, int]    prefix cache: chained block hash -> block id
     free_block_ids    OrderedDict          LRU free queue; the front is recycled first
     used_block_ids    set[int]            blocks with ref_cnt > 0
+    entry_generation  dict[bytes, tuple]  hash -> (block id, its generation) when cached;
+                                          used only by check_integrity
+    num_recycled, num_evicted   int       counters (blocks handed out again; of those, cached)
 
 A freed block keeps its hash and stays hittable until it is recycled; recycling first drops
 its hash entry (vLLM's `_maybe_evict_cached_block`). Leaving that entry behind is the
@@ -20,9 +23,9 @@ from dataclasses import dataclass
 from reference_engine.allocators import register
 from reference_engine.allocators.base import (
     AllocateResult,
-    BlockAllocator,
     MatchResult,
     NoFreeBlocks,
+    PrefixCachingAllocator,
 )
 from reference_engine.sequence import Sequence
 
@@ -33,10 +36,11 @@ class Block:
     ref_cnt: int = 0
     block_hash: bytes | None = None
     ever_used: bool = False
+    generation: int = 0  # times handed out for new K/V (the vocabulary's generation)
 
 
 @register("prefix-cache")
-class PrefixCacheAllocator(BlockAllocator):
+class PrefixCacheAllocator(PrefixCachingAllocator):
     name = "prefix-cache"
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
@@ -45,6 +49,7 @@ class PrefixCacheAllocator(BlockAllocator):
         self.hash_to_block_id: dict[bytes, int] = {}
         self.free_block_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.used_block_ids: set[int] = set()
+        self.entry_generation: dict[bytes, tuple[int, int]] = {}
         self.num_recycled = 0  # blocks handed out again after an earlier owner
         self.num_evicted = 0  # of those, blocks whose cached content was discarded
 
@@ -82,7 +87,6 @@ class PrefixCacheAllocator(BlockAllocator):
         self.touch(match.block_ids)
         new = self.get_new_blocks(self.num_new_blocks(seq, match))
         seq.block_table = list(match.block_ids) + new.new_block_ids
-        seq.slot_cache = None
         seq.num_cached_blocks = len(match.block_ids)
         return new
 
@@ -105,6 +109,7 @@ class PrefixCacheAllocator(BlockAllocator):
         block_id, _ = self.free_block_ids.popitem(last=False)
         block = self.blocks[block_id]
         block.ref_cnt = 1
+        block.generation += 1
         self.used_block_ids.add(block_id)
         return block
 
@@ -127,6 +132,7 @@ class PrefixCacheAllocator(BlockAllocator):
         if block.block_hash is not None:
             if self.hash_to_block_id.get(block.block_hash) == block.block_id:
                 del self.hash_to_block_id[block.block_hash]
+                self.entry_generation.pop(block.block_hash, None)
             block.block_hash = None
 
     def reset_prefix_cache(self) -> bool:
@@ -137,10 +143,15 @@ class PrefixCacheAllocator(BlockAllocator):
         for block in self.blocks:
             block.block_hash = None
         self.hash_to_block_id.clear()
+        self.entry_generation.clear()
         return True
+
+    def cached_block_id(self, block_hash: bytes) -> int | None:
+        return self.hash_to_block_id.get(block_hash)
 
     def drop_hash(self, block_hash: bytes) -> None:
         """Remove one hash entry (the guard's purge of an entry it proved stale)."""
+        self.entry_generation.pop(block_hash, None)
         block_id = self.hash_to_block_id.pop(block_hash, None)
         if block_id is not None and self.blocks[block_id].block_hash == block_hash:
             self.blocks[block_id].block_hash = None
@@ -159,6 +170,7 @@ class PrefixCacheAllocator(BlockAllocator):
             if block.block_hash is None and hashes[i] not in self.hash_to_block_id:
                 block.block_hash = hashes[i]
                 self.hash_to_block_id[hashes[i]] = block.block_id
+                self.entry_generation[hashes[i]] = (block.block_id, block.generation)
         seq.num_cached_blocks = num_full
 
     def free(self, seq: Sequence) -> None:
@@ -174,6 +186,20 @@ class PrefixCacheAllocator(BlockAllocator):
 
     # --- invariants --------------------------------------------------------------------
     def check_integrity(self) -> None:
+        """Raise RuntimeError at the first broken invariant: a stale hash entry (its block
+        was handed out again since the entry was made), free + used != total, a negative
+        ref count, the free queue disagreeing with ref counts, an entry whose block holds
+        other content. The stale-entry check runs first: it is the fault this project hunts."""
+        for h, block_id in self.hash_to_block_id.items():
+            made = self.entry_generation.get(h)
+            now = self.blocks[block_id].generation
+            # made[0] != block_id: a subclass re-pointed the entry itself; the content
+            # check below still covers it
+            if made is not None and made[0] == block_id and made[1] != now:
+                raise RuntimeError(
+                    f"stale hash entry {h.hex()[:12]}: block {block_id} was cached at generation "
+                    f"{made[1]} and has been handed out again since (now generation {now})"
+                )
         n_free, n_used = len(self.free_block_ids), len(self.used_block_ids)
         if n_free + n_used != self.num_blocks:
             raise RuntimeError(f"free {n_free} + used {n_used} != total {self.num_blocks}")

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from kvdiag.canary import build_canary
-from kvdiag.facts import build_session, make_knowledge_base
+from kvdiag.facts import SessionPlan, build_session, make_knowledge_base
 
 CANARY = Path(__file__).resolve().parents[2] / "fixtures" / "canary"
 BLOCK = 16
@@ -90,8 +90,8 @@ def _count(tok):
 
 def _session(tok, i: int, lengths: list[int]):
     kb = make_knowledge_base(("financial", "legal", "clinical")[i % 3], 60, seed=100 + i)
-    return build_session(kb, style="canary", seed=100 + i, prompt_lengths=lengths,
-                         count_tokens=_count(tok), session_id=f"t{i}")
+    return build_session(SessionPlan(kb, style="canary", seed=100 + i, prompt_lengths=lengths,
+                                     count_tokens=_count(tok), session_id=f"t{i}"))
 
 
 def test_hf_loads_the_fixture_unchanged(hf):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvdiag.canary.vocab import MARKERS
-from kvdiag.facts import FLAVOURS, STYLES, build_session, make_knowledge_base
+from kvdiag.facts import FLAVOURS, STYLES, SessionPlan, build_session, make_knowledge_base
 
 CANARY = Path(__file__).resolve().parents[2] / "fixtures" / "canary"
 LENGTHS = [300, 317, 333, 700, 1023, 1040, 1300, 1317, 1600, 2047, 2064, 2400]
@@ -58,9 +58,12 @@ def test_knowledge_base_rejects_bad_input():
 def test_session_is_deterministic_by_seed(style, canary_count):
     kb = make_knowledge_base("legal", 40, seed=1)
     lengths = LENGTHS if style == "canary" else [400 + 250 * i for i in range(8)]
-    a = build_session(kb, style=style, seed=5, prompt_lengths=lengths, count_tokens=canary_count)
-    b = build_session(kb, style=style, seed=5, prompt_lengths=lengths, count_tokens=canary_count)
-    c = build_session(kb, style=style, seed=6, prompt_lengths=lengths, count_tokens=canary_count)
+    a = build_session(SessionPlan(kb, style=style, seed=5, prompt_lengths=lengths,
+                                  count_tokens=canary_count))
+    b = build_session(SessionPlan(kb, style=style, seed=5, prompt_lengths=lengths,
+                                  count_tokens=canary_count))
+    c = build_session(SessionPlan(kb, style=style, seed=6, prompt_lengths=lengths,
+                                  count_tokens=canary_count))
     assert a == b
     assert a != c
 
@@ -68,7 +71,8 @@ def test_session_is_deterministic_by_seed(style, canary_count):
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_canary_prompt_lengths_are_exact(flavour, canary_count):
     kb = make_knowledge_base(flavour, 50, seed=2)
-    s = build_session(kb, style="canary", seed=2, prompt_lengths=LENGTHS, count_tokens=canary_count)
+    s = build_session(SessionPlan(kb, style="canary", seed=2, prompt_lengths=LENGTHS,
+                                  count_tokens=canary_count))
     assert len(s.rounds) == len(LENGTHS)
     for r, want in enumerate(LENGTHS):
         assert canary_count(s.messages(r)) == want
@@ -86,7 +90,8 @@ def test_canary_prompt_lengths_are_exact(flavour, canary_count):
 def test_canary_session_layout(canary_count):
     """Facts start blocks when there is room; keys are >= 5 tokens apart; asked facts were stated."""
     kb = make_knowledge_base("clinical", 60, seed=9)
-    s = build_session(kb, style="canary", seed=9, prompt_lengths=LENGTHS, count_tokens=canary_count)
+    s = build_session(SessionPlan(kb, style="canary", seed=9, prompt_lengths=LENGTHS,
+                                  count_tokens=canary_count))
     stated: set = set()
     for rnd in s.rounds:
         stated |= set(rnd.stated)
@@ -105,7 +110,8 @@ def test_canary_session_layout(canary_count):
 
 def test_messages_replay_answers(canary_count):
     kb = make_knowledge_base("financial", 30, seed=0)
-    s = build_session(kb, style="canary", seed=0, prompt_lengths=LENGTHS[:4], count_tokens=canary_count)
+    s = build_session(SessionPlan(kb, style="canary", seed=0, prompt_lengths=LENGTHS[:4],
+                                  count_tokens=canary_count))
     msgs = s.messages(2)
     assert [m["role"] for m in msgs] == ["user", "assistant", "user", "assistant", "user"]
     assert msgs[1]["content"] == s.rounds[0].expected
@@ -116,8 +122,8 @@ def test_messages_replay_answers(canary_count):
 def test_infeasible_length_names_the_round(canary_count):
     kb = make_knowledge_base("financial", 30, seed=0)
     with pytest.raises(ValueError, match="round 2"):
-        build_session(kb, style="canary", seed=0, prompt_lengths=[300, 317, 320],
-                      count_tokens=canary_count)
+        build_session(SessionPlan(kb, style="canary", seed=0, prompt_lengths=[300, 317, 320],
+                      count_tokens=canary_count))
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
@@ -125,7 +131,8 @@ def test_natural_lengths_are_exact_with_a_bpe_tokenizer(flavour, canary_count):
     """Natural English through the canary's byte-level BPE (many tokens per word)."""
     kb = make_knowledge_base(flavour, 30, seed=4)
     lengths = [500 + 300 * i for i in range(7)]
-    s = build_session(kb, style="natural", seed=4, prompt_lengths=lengths, count_tokens=canary_count)
+    s = build_session(SessionPlan(kb, style="natural", seed=4, prompt_lengths=lengths,
+                                  count_tokens=canary_count))
     for r, want in enumerate(lengths):
         assert canary_count(s.messages(r)) == want
     fact = next(r.asked[0] for r in s.rounds if r.kind == "question")
@@ -140,6 +147,7 @@ def test_natural_lengths_with_word_count():
 
     kb = make_knowledge_base("clinical", 30, seed=1)
     lengths = [200, 260, 330, 400, 480, 560, 700, 760]
-    s = build_session(kb, style="natural", seed=1, prompt_lengths=lengths, count_tokens=count)
+    s = build_session(SessionPlan(kb, style="natural", seed=1, prompt_lengths=lengths,
+                                  count_tokens=count))
     assert [count(s.messages(r)) for r in range(len(lengths))] == lengths
     assert any(r.kind == "recite" for r in s.rounds)
