@@ -14,6 +14,7 @@ from reference_engine.config import EngineConfig
 from reference_engine.errors import InvalidRequestError, PoolTooSmallError, PromptTooLongError
 from reference_engine.kv_cache import PagedKVCache
 from reference_engine.loader import Checkpoint, check_weights, load_checkpoint
+from reference_engine.log_lines import GUARD_LOG_LINE, PAGED_ATTENTION_LINE
 from reference_engine.model import CausalLM
 from reference_engine.paged_backend import PagedBackend
 from reference_engine.scheduler import ScheduledSeq, Scheduler
@@ -95,7 +96,8 @@ class ModelRunner:
 class LLMEngine:
     def __init__(self, model: str | Path | Checkpoint, config: EngineConfig | None = None) -> None:
         self.config = config = config or EngineConfig()
-        self.checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model)
+        self.checkpoint = (model if isinstance(model, Checkpoint) else
+                           load_checkpoint(model, tokenizer=not config.skip_tokenizer_init))
         mcfg = self.checkpoint.config
         self.tokenizer = self.checkpoint.tokenizer
         self.max_model_len = config.resolved_max_model_len(mcfg)
@@ -110,9 +112,9 @@ class LLMEngine:
         self.scheduler = Scheduler(self.allocator, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, config.device)
-        log.info("PagedAttention enabled with block size %d.", config.block_size)
+        log.info(PAGED_ATTENTION_LINE.format(block_size=config.block_size))
         if self.allocator.guarded:
-            log.info("Using SequenceGuard for block allocation.")
+            log.info(GUARD_LOG_LINE)
 
     # --- requests ----------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], max_tokens: int = 64,
@@ -121,7 +123,7 @@ class LLMEngine:
         """Queue a request. `session` is accepted for symmetry with ContiguousEngine and
         ignored: the paged engine finds a session's history through the prefix cache."""
         self.validate(prompt_ids, max_tokens, cache_salt)
-        stops = self.tokenizer.stop_token_ids if stop_ids is None else tuple(stop_ids)
+        stops = self.checkpoint.stop_token_ids if stop_ids is None else tuple(stop_ids)
         seq = Sequence(list(prompt_ids), max_tokens, frozenset(stops), cache_salt, lora_name, tag)
         self.scheduler.add(seq)
         return seq
@@ -142,6 +144,8 @@ class LLMEngine:
     # --- the step ----------------------------------------------------------------------
     def step(self) -> list[Sequence]:
         out = self.scheduler.schedule()
+        if self.config.check_integrity:  # after every recycle and hit, before the forward pass
+            self.allocator.check_integrity()
         for new in out.new_blocks:
             self.cache.prepare_new_blocks(new.new_block_ids, new.recycled,
                                           zero=self.allocator.zero_new_blocks,

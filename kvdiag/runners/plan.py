@@ -12,7 +12,7 @@ import dataclasses
 import random
 from dataclasses import dataclass
 
-from kvdiag.facts import Session, build_session, make_knowledge_base
+from kvdiag.facts import Session, SessionPlan, build_session, make_knowledge_base
 from kvdiag.facts.styles import renderer
 from kvdiag.scenarios import LengthPlanner, Schedule, finish_schedule
 from kvdiag.suites import Case, Suite
@@ -69,12 +69,11 @@ def plan_case(suite: Suite, case: Case, tokenizer, block_size: int | None = None
                                 boundary=case.boundary, start_range=case.start_range,
                                 min_turn=case.min_turn)
         try:
-            session = build_session(kb, style=style, seed=seed, planner=planner,
-                                    num_rounds=case.rounds, answer_tokens=answer_tokens,
-                                    count_tokens=count_tokens, session_id=f"s{s:02d}",
-                                    recite_every=case.recite_every, system=system,
-                                    block_size=suite.block_size, new_facts=case.new_facts,
-                                    ask_recent=case.ask_recent, ask_new=case.ask_new)
+            session = build_session(SessionPlan(
+                kb, style=style, seed=seed, planner=planner, num_rounds=case.rounds,
+                answer_tokens=answer_tokens, count_tokens=count_tokens, session_id=f"s{s:02d}",
+                recite_every=case.recite_every, system=system, block_size=suite.block_size,
+                new_facts=case.new_facts, ask_recent=case.ask_recent, ask_new=case.ask_new))
         except ValueError as e:
             raise ValueError(f"{suite.path}: case {case.name}: session {s}: {e}") from None
         sessions.append(session)
