@@ -2,8 +2,10 @@
 
 A runner yields one row per (case, target, allocator, session, round) — the columns are
 listed in `kvdiag.metrics.decay`. `per_round` groups those rows by (case, target,
-allocator, round) and asks every registered metric for one number per group, so adding a
-metric means writing one small subclass in its own file and decorating it with `register`.
+allocator, round) and asks every registered metric for one number per group. Adding a
+metric means writing one small subclass in its own file, decorating it with `register`, and
+importing that module in `kvdiag/metrics/__init__.py`: registration happens at import, and
+only the modules imported there are registered.
 """
 
 from __future__ import annotations
