@@ -1,8 +1,8 @@
 """Invariants of vLLM's BlockPool, checked after every replayed step. vLLM has no
 check_integrity(); these are this project's, modelled on the invariants reference_engine's
 allocators check (prefix_cache.py) but not the same code nor the same list: the checks of
-ref counts against running requests and of the shadow map exist only here, and the allocators' generation check has no
-counterpart in vLLM's state. Applied to vLLM's state:
+ref counts against running requests and of the shadow map exist only here, and the
+allocators' generation check has no counterpart in vLLM's state. Applied to vLLM's state:
 
 - free + used == total (block 0, vLLM's null block, aside); no negative ref count
 - every block's ref_cnt equals the number of running requests whose block table holds it
