@@ -114,6 +114,13 @@ def main() -> None:
           f"{args.block_size}, {len(rows)} requests one at a time")
     print(f"cached tokens equal: {agree}/{len(rows)} requests ({agree / len(rows):.1%}); "
           f"cached tokens total live {sum(r['live'] for r in rows)}, replay {sum(predicted)}")
+    # recycling reached: a request cached less than the full blocks of its session's last prompt
+    last, fell = {}, 0
+    for row in rows:
+        prev = last.get(row["session"])
+        fell += prev is not None and row["live"] < prev // args.block_size * args.block_size
+        last[row["session"]] = row["prompt"]
+    print(f"requests whose session's earlier blocks had been recycled (live): {fell}")
     for row, p in zip(rows, predicted):
         if row["live"] != p:
             print(f"  differs: session {row['session']} round {row['round'] + 1}: prompt {row['prompt']}, "

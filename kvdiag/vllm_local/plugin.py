@@ -28,10 +28,9 @@ def register() -> None:
         raise ValueError(f"kvdiag: unknown fault {FAULT_ENV}={name!r} (known: {', '.join(FAULTS)})")
     {"stale-hash": _plant_stale_hash, "salt-ignored": _plant_salt_ignored}[name]()
     _planted.add(name)
-    # a plain print as well: vLLM's logging config may not show a foreign logger's lines
-    line = f"kvdiag: PLANTED FAULT {name} in this vLLM (pid {os.getpid()}): {FAULTS[name]}"
-    log.warning(line)
-    print(line, flush=True)
+    # a warning: shown whether or not vLLM configured handlers for foreign loggers (Python's
+    # last-resort handler writes it to stderr otherwise)
+    log.warning("kvdiag: PLANTED FAULT %s in this vLLM (pid %d): %s", name, os.getpid(), FAULTS[name])
 
 
 def _plant_stale_hash() -> None:
