@@ -42,7 +42,7 @@ def _server(tmp_path_factory, fault: str | None):
                      max_model_len=MAX_LEN, log_path=log, served_model="canary")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="class")  # stopped before the planted servers start (2 cores)
 def healthy(tmp_path_factory):
     with _server(tmp_path_factory, None) as server:
         yield server
@@ -68,21 +68,21 @@ def _cached_across_salts(server) -> list[int]:
     return out[1:]
 
 
-def test_probe_passes_a_healthy_vllm(healthy, tmp_path):
-    assert "PLANTED FAULT" not in healthy.log_path.read_text()
-    code, summary, err = _probe(healthy, tmp_path / "p")
-    assert code == 0, err[-2000:]
-    assert summary["verdict"] == "pass" and summary["corrupted_requests"] == 0
-    assert summary["numerics_requests"] == 0  # zero divergences, not merely none decisive
-    assert summary["server"]["block_size"] == BLOCK and summary["server"]["num_blocks"] == smoke_pool()
-    assert summary["recycling"]["observed"], summary["recycling"]
-    shared = [r for r in summary["rounds"] if r["allocator"] == "shared" and r["round"] >= 2]
-    assert shared and all(r["block_reuse_rate"] > 0.5 for r in shared), shared
+class TestHealthyVllm:
+    def test_probe_passes(self, healthy, tmp_path):
+        assert "PLANTED FAULT" not in healthy.log_path.read_text()
+        code, summary, err = _probe(healthy, tmp_path / "p")
+        assert code == 0, err[-2000:]
+        assert summary["verdict"] == "pass" and summary["corrupted_requests"] == 0
+        assert summary["numerics_requests"] == 0  # zero divergences, not merely none decisive
+        assert summary["server"]["block_size"] == BLOCK and summary["server"]["num_blocks"] == smoke_pool()
+        assert summary["recycling"]["observed"], summary["recycling"]
+        shared = [r for r in summary["rounds"] if r["allocator"] == "shared" and r["round"] >= 2]
+        assert shared and all(r["block_reuse_rate"] > 0.5 for r in shared), shared
 
-
-def test_salts_do_not_share_blocks_on_a_healthy_vllm(healthy):
-    other_salt, same_salt = _cached_across_salts(healthy)
-    assert other_salt == 0 and same_salt > 0  # the check can see a hit when there is one
+    def test_salts_do_not_share_blocks(self, healthy):
+        other_salt, same_salt = _cached_across_salts(healthy)
+        assert other_salt == 0 and same_salt > 0  # the check can see a hit when there is one
 
 
 def test_probe_fails_vllm_with_stale_hash_planted(tmp_path_factory, tmp_path):
