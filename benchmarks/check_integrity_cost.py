@@ -23,19 +23,28 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def run_once(plan, checkpoint, allocator: str, check: bool) -> tuple[float, int]:
+def run_once(plan, checkpoint, allocator: str, check: bool) -> tuple[float, int, float]:
+    """Wall seconds of the run, engine steps, and seconds spent inside check_integrity()."""
     from kvdiag.runners.reference import _engine_config
     from reference_engine.engine import LLMEngine
     from reference_engine.sessions import fixed_prompts, run_sessions
 
     config = dataclasses.replace(_engine_config(plan, allocator, "cpu", None), check_integrity=check)
     engine = LLMEngine(checkpoint, config)
+    inner, in_check = engine.allocator.check_integrity, [0.0]
+
+    def timed_check():
+        t = time.perf_counter()
+        inner()
+        in_check[0] += time.perf_counter() - t
+
+    engine.allocator.check_integrity = timed_check
     steps = [0]
     t0 = time.perf_counter()
     run_sessions(engine, list(range(len(plan.sessions))), fixed_prompts(plan.prompts),
                  max_tokens=plan.case.max_tokens, think_steps=plan.schedule.think,
                  on_step=lambda: steps.__setitem__(0, steps[0] + 1))
-    return time.perf_counter() - t0, steps[0]
+    return time.perf_counter() - t0, steps[0], in_check[0]
 
 
 def main() -> int:
@@ -60,12 +69,13 @@ def main() -> int:
           + " ".join(f"{x:.1f}" for x in os.getloadavg()))
     print(f"case {case.name}: {case.sessions} sessions x {case.rounds} rounds, "
           f"pool {plan.schedule.num_blocks} blocks, allocator {args.allocator}")
-    off, steps = run_once(plan, checkpoint, args.allocator, check=False)
-    on, steps_on = run_once(plan, checkpoint, args.allocator, check=True)
+    off, steps, _ = run_once(plan, checkpoint, args.allocator, check=False)
+    on, steps_on, in_check = run_once(plan, checkpoint, args.allocator, check=True)
     assert steps == steps_on  # the check changes nothing the engine does
-    print(f"check off: {off:.1f} s   check on: {on:.1f} s   ({steps} steps, "
-          f"{1000 * (on - off) / steps:.2f} ms per step)")
-    print(f"ratio on/off: {on / off:.3f}")
+    print(f"check off: {off:.1f} s   check on: {on:.1f} s   ({steps} steps; inside the check "
+          f"{in_check:.2f} s, {1000 * in_check / steps:.2f} ms per step)")
+    print(f"ratio on/off (wall): {on / off:.3f}   check time / run time (same run): "
+          f"{in_check / on:.4f}")
     return 0
 
 

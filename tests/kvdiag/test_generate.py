@@ -70,7 +70,8 @@ def test_prompt_ids_need_no_tokenizer(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["stale-bytes", "guarded:stale-bytes", "unchained-hash"])
 def test_serve_runs_the_allocator(name):
-    with served("--allocator", name, "--num-blocks", "64", "--max-model-len", "512") as (url, _):
+    args = ("--allocator", name, "--num-blocks", "64", "--max-model-len", "512")
+    with served(*args, timeout=600) as (url, _):  # start-up is slow on a loaded machine
         r = httpx.post(url + "/v1/completions", timeout=60,
                        json={"model": "canary", "prompt": [5, 6, 7, 8], "max_tokens": 4})
         assert r.status_code == 200, r.text
