@@ -181,10 +181,9 @@ def test_prompt_over_the_context_is_a_clear_error(smollm2):
 
 @pytest.mark.slow
 def test_natural_case_guarded_equals_reference_and_buggy_departs(smollm2, tmp_path):
-    from kvdiag.verdicts import series
-
     from kvdiag.pipeline import run_suite
     from kvdiag.suites import load_suite
+    from kvdiag.verdicts import series
 
     suite = load_suite("natural")
     run = run_suite(suite, suite.select(None), model=smollm2.out_dir)
