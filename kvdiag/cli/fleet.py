@@ -73,7 +73,10 @@ def report(
     run_dir: Annotated[Path, typer.Argument(help="A fleet run directory (kvdiag fleet run's).")],
 ) -> None:
     """Write RUN_DIR/fleet.html: targets x (suite, case), each cell PASS/FAIL/ERROR with its
-    worst metric and a link to its report, and each target's trend from the history."""
+    worst metric and a link to its report, and each target's trend from the history.
+
+    Example: kvdiag fleet report reports/fleet-week48
+    """
     from kvdiag.fleet.page import write_page
 
     Output().out.print(str(write_page(run_dir)))

@@ -28,6 +28,7 @@ from kvdiag.errors import KvdiagError
 from kvdiag.fleet.cell import PID_DIR_ENV, measure_cell
 from kvdiag.fleet.spec import Cell, Fleet
 
+START_ATTEMPTS = 3  # a local Ray that misses its start-up deadline is started again
 BACKSTOP = 3.0  # a cell still unanswered this many time limits after submission is cancelled
 
 
@@ -103,10 +104,19 @@ def _start_ray(address: str | None, num_cpus: int | None) -> None:
         import ray
     except ImportError:
         raise KvdiagError("kvdiag fleet needs Ray: pip install 'kvdiag[fleet]'") from None
-    if address:  # join an existing cluster (ray up, KubeRay): its workers must have kvdiag
-        ray.init(address=address, log_to_driver=False)
-    else:  # the embedded default: a local Ray on this machine, stopped at the end
-        ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            if address:  # join an existing cluster (ray up, KubeRay): its workers must have kvdiag
+                ray.init(address=address, log_to_driver=False)
+            else:  # the embedded default: a local Ray on this machine, stopped at the end
+                ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
+                         log_to_driver=False)
+            return
+        except Exception as e:  # Ray gives its raylet 30 s to register: a loaded machine misses it
+            ray.shutdown()
+            if address or attempt == START_ATTEMPTS:
+                where = address or "locally"
+                raise KvdiagError(f"Ray could not start {where}: {str(e).splitlines()[0]}") from None
 
 
 def _finished(fleet: Fleet, run_dir: Path) -> dict[str, Outcome]:

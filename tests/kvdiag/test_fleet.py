@@ -73,8 +73,8 @@ def test_a_fleet_pass_fail_error_pass_with_a_worker_killed(tmp_path):
     pids.mkdir()
     buggy = ["--allocator", "buggy", "--num-blocks", "53", "--max-num-seqs", "16",  # the tiny pool
              "--recycled-block-fill", "nan", "--max-model-len", "2048"]
-    with served("--allocator", "guarded", "--max-model-len", "2048") as (good, _), \
-            served(*buggy) as (bad, _):
+    with served("--allocator", "guarded", "--max-model-len", "2048", timeout=600) as (good, _), \
+            served(*buggy, timeout=600) as (bad, _):
         fleet = _fleet(tmp_path, [
             {"name": "good", "target": good, "model": "canary", "suites": ["tiny.yaml"]},
             {"name": "bad", "target": bad, "model": "canary", "suites": ["tiny.yaml"]},
@@ -91,7 +91,7 @@ def test_a_fleet_pass_fail_error_pass_with_a_worker_killed(tmp_path):
         first = next(pids.glob("ref.tiny.trigger.*"))
         os.kill(int(first.name.rsplit(".", 1)[1]), signal.SIGKILL)  # its Ray worker, mid-task
         stdout, stderr = proc.communicate(timeout=1200)
-    assert proc.returncode == 1, stderr[-3000:]
+    assert proc.returncode == 1, stdout[-3000:] + stderr[-3000:]
     cells = {c["target"]: c for c in json.loads(stdout)["cells"]}
     assert {t: c["status"] for t, c in cells.items()} == {"good": "PASS", "bad": "FAIL", "dead": "ERROR",
                                                           "ref": "PASS"}
@@ -125,7 +125,7 @@ def test_a_driver_killed_mid_run_resumes_without_duplicate_rows(tmp_path):
     assert 1 <= len(before) < 3
     run = subprocess.run(_fleet_run(fleet, "--resume", str(out), "--json"), capture_output=True,
                          text=True, timeout=1200)
-    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     cells = json.loads(run.stdout)["cells"]
     assert [c["status"] for c in cells] == ["PASS"] * 3
     assert sum(c["resumed"] for c in cells) == len(before)
