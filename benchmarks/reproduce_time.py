@@ -43,10 +43,10 @@ def once(args: list[str], cache_home: Path) -> tuple[float, float, dict]:
         return wall, cpu, json.loads(summary.read_text())
 
 
-def same_results(a: dict, b: dict) -> bool:
-    """Equal summaries but for the keys that differ between any two runs (times, paths)."""
-    return {k: v for k, v in a.items() if k not in VARYING} == \
-        {k: v for k, v in b.items() if k not in VARYING}
+def differing(a: dict, b: dict) -> list[str]:
+    """Keys of two summaries that differ, but for those that differ between any two runs
+    (times, paths); `environment` differs when a commit landed between the runs."""
+    return sorted(k for k in set(a) | set(b) if k not in VARYING and a.get(k) != b.get(k))
 
 
 def where(summary: dict) -> str:
@@ -77,7 +77,7 @@ def main() -> int:
                   f"{BUDGET_S:.0f} s budget {wall / BUDGET_S:.2f}")
             print(f"    {where(summary)}")
         print(f"{name}: warm / cold wall ratio {best['warm'][0] / best['cold'][0]:.2f}; warm "
-              f"summary equal to cold (times masked): {same_results(best['warm'][2], best['cold'][2])}")
+              f"summary keys that differ from cold (times masked): {differing(best['warm'][2], best['cold'][2])}")
     print("load average after: " + " ".join(f"{x:.1f}" for x in os.getloadavg()))
     return 0
 
