@@ -68,6 +68,9 @@ def start_proxy(backends: list[str], latency: float) -> tuple[str, object]:
 
 
 def serial(urls: list[str], suite: Path, d: Path) -> float:
+    from kvdiag.regress import history as H
+
+    H.connect(d / "serial.sqlite").close()  # as the fleet's driver does before its first cell
     start = time.perf_counter()
     for i, url in enumerate(urls):
         run = subprocess.run([sys.executable, "-m", "kvdiag", "regress", "--suite", str(suite),

@@ -192,7 +192,7 @@ def _line(ax, x, y, name: str, style: tuple[str, str]) -> None:
 def _hover(ax, x, y, hover: dict[str, list[str]], title) -> None:
     """Invisible hit targets on every finite point, one `<title>` each (added by _svg)."""
     gid = f"hover-{len(hover)}"
-    points = [(float(a), float(b)) for a, b in zip(x, y) if not math.isnan(float(b))]
+    points = [(float(a), float(b)) for a, b in zip(x, y) if b is not None and not math.isnan(float(b))]
     hover[gid] = [title(a, b) for a, b in points]
     ax.plot([a for a, _ in points], [b for _, b in points], linestyle="none", marker="o",
             markersize=9, alpha=0, gid=gid, label="_hover", zorder=6)
