@@ -125,7 +125,7 @@ def test_import_is_deterministic_and_a_second_run_is_a_cache_hit(smollm2, gguf_f
     assert "chat_template" in json.loads((smollm2.out_dir / "tokenizer_config.json").read_text())
     again = _run("fixtures", "import-gguf", "--out", str(smollm2.out_dir), "--dtype", "float32", "--json")
     assert again.exit_code == 0, again.output
-    assert json.loads(again.output)["cache_hit"] is True
+    assert json.loads(again.stdout)["cache_hit"] is True
     fresh = import_gguf(gguf_file, tmp_path / "again", "float32")  # a second, independent import
     assert not fresh.cache_hit and fresh.output_sha256 == smollm2.output_sha256
 
@@ -164,8 +164,8 @@ def test_engine_matches_transformers_on_smollm2(smollm2, gguf_file):
     assert result.exit_code == 0, result.output
     with torch.no_grad():
         hf_stop = hf.generate(torch.tensor([prompt]), max_new_tokens=64, do_sample=False)
-    assert json.loads(result.output)["token_ids"] == hf_stop[0, n:].tolist()
-    assert "Rex" in json.loads(result.output)["text"]
+    assert json.loads(result.stdout)["token_ids"] == hf_stop[0, n:].tolist()
+    assert "Rex" in json.loads(result.stdout)["text"]
 
 
 @pytest.mark.slow
