@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from kvdiag.cli import app
 from kvdiag.fleet.cell import PID_DIR_ENV, CellTimeout, _time_limit
-from tests.kvdiag.serving import free_port, served
+from tests.kvdiag.serving import free_port, served, smoke_pool
 from tests.kvdiag.test_regress import TINY
 
 needs_ray = pytest.mark.skipif(
@@ -71,13 +71,15 @@ def test_every_cell_has_a_time_limit():
 def test_a_fleet_pass_fail_error_pass_with_a_worker_killed(tmp_path):
     pids = tmp_path / "pids"
     pids.mkdir()
-    buggy = ["--allocator", "buggy", "--num-blocks", "53", "--max-num-seqs", "16",  # the tiny pool
+    # the smoke suite on the smoke pool: the tiny suite does not always recycle a block on a
+    # live server (it depends on when concurrent requests arrive), the smoke suite does
+    buggy = ["--allocator", "buggy", "--num-blocks", str(smoke_pool()), "--max-num-seqs", "16",
              "--recycled-block-fill", "nan", "--max-model-len", "2048"]
     with served("--allocator", "guarded", "--max-model-len", "2048", timeout=600) as (good, _), \
             served(*buggy, timeout=600) as (bad, _):
         fleet = _fleet(tmp_path, [
             {"name": "good", "target": good, "model": "canary", "suites": ["tiny.yaml"]},
-            {"name": "bad", "target": bad, "model": "canary", "suites": ["tiny.yaml"]},
+            {"name": "bad", "target": bad, "model": "canary", "suites": ["smoke"]},
             {"name": "dead", "target": f"http://127.0.0.1:{free_port()}", "model": "canary",
              "suites": ["tiny.yaml"]},
             {"name": "ref", "target": "reference:guarded", "suites": ["tiny.yaml"]}])
