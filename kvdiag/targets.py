@@ -74,9 +74,16 @@ def vllm_pool(suite, case, model_dir: Path) -> int:
 
 
 @contextmanager
-def live(target: Target, suite, case, model_dir: Path, log_dir: Path) -> Iterator[tuple[Target, str]]:
+def live(target: Target, suite, case, model_dir: Path, log_dir: Path,
+         serve_reference: bool = False) -> Iterator[tuple[Target, str]]:
     """Start the server of a vllm-local target (log kept in log_dir/vllm.log) and yield
-    (the target with its URL, the served model name); other targets pass through."""
+    (the target with its URL, the served model name). With `serve_reference`, a
+    reference:ALLOCATOR target is served the same way by `kvdiag serve` (for runs that only
+    talk HTTP: isolation); other targets pass through."""
+    if serve_reference and target.is_reference:
+        with _served(target.allocator, model_dir, Path(log_dir) / "serve.log") as url:
+            yield dataclasses.replace(target, url=url), Path(model_dir).name
+        return
     if not target.is_vllm_local:
         yield target, None
         return
@@ -87,3 +94,44 @@ def live(target: Target, suite, case, model_dir: Path, log_dir: Path) -> Iterato
                    num_blocks=vllm_pool(suite, case, model_dir),
                    log_path=Path(log_dir) / "vllm.log") as server:
         yield dataclasses.replace(target, url=server.base_url), server.served_model
+
+
+@contextmanager
+def _served(allocator: str, model_dir: Path, log_path: Path, timeout: float = 300.0):
+    """`kvdiag serve --allocator ALLOCATOR` on a free loopback port, stopped on exit."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "kvdiag", "serve", "--port", str(port),
+                                 "--allocator", allocator, "--model", str(model_dir)],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise KvdiagError(f"kvdiag serve --allocator {allocator} exited (log: {log_path})")
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise KvdiagError(f"kvdiag serve did not become healthy in {timeout:.0f} s (log: {log_path})")
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -6,6 +6,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _private_cache(tmp_path_factory):
+    """Tests never read or write the user's kvdiag cache (the contiguous reference cache,
+    imported models): each session gets its own. A model a test needs is imported anew."""
+    if "KVDIAG_TESTS_SHARED_CACHE" not in os.environ:
+        os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _threads():
     import torch
 

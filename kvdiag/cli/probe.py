@@ -102,8 +102,7 @@ def probe(
             model_dir = Path(model or loaded.model or CANARY)
             started, model = stack.enter_context(live(spec, loaded, chosen, model_dir, run.path))
             base_url = started.url
-        out.info(f"planning {chosen.sessions} sessions x {chosen.rounds} rounds with {base_url}'s tokenizer")
-        update = stack.enter_context(out.progress("probe"))
+        update = stack.enter_context(out.progress(f"planning with {base_url}'s tokenizer"))
         result = run_probe(base_url, model, loaded, chosen, run.path, api_key=api_key,
                            settings=settings, resume=resume is not None, warn=out.warn,
                            count_with=count_with,

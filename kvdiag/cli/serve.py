@@ -54,6 +54,8 @@ def serve(
     (vLLM's metric names plus kvdiag_guard_rejections_total, kvdiag_foreign_slots_total and
     kvdiag_requests_aborted_total). A request whose client disconnects is aborted and its KV
     blocks freed. With --api-key, /health and /metrics stay open; all else needs the key.
+
+    Example: kvdiag serve --allocator guarded --port 8000
     """
     import uvicorn
 

@@ -200,7 +200,8 @@ def record(p: Prepared, opts: Options, result, cold: bool, timer) -> Result:
     def trend(stamped: dict):
         import pandas as pd
 
-        past = H.runs(opts.history, suite=p.suite.name, last=51)
+        past = (H.runs(opts.history, suite=p.suite.name, last=51) if Path(opts.history).is_file()
+                else pd.DataFrame())  # the first run of a new history
         row.update(_history_row(p, run_id, stamped, main, verdict, run_brai))
         return pd.concat([past, pd.DataFrame([row])], ignore_index=True)
 

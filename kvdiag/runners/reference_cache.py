@@ -55,11 +55,21 @@ def cache_key(plan, checkpoint, config, max_tokens: int) -> str:
     settings["dtype"] = str(config.torch_dtype())
     parts = {
         "format": FORMAT, "kvdiag": __version__, "engine": reference_engine.__version__,
+        "engine_source": _source_digest(Path(reference_engine.__file__).parent),
         "torch": torch.__version__, "model": checkpoint.model_hash, "config": settings,
         "max_tokens": max_tokens, "stop_ids": list(checkpoint.tokenizer.stop_token_ids),
         "prompts": prompts.hexdigest(),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def _source_digest(package: Path) -> str:
+    """sha256 of the engine's own source: an edited engine (same version string, as in a
+    checkout under development) never reads an entry the old code wrote."""
+    h = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        h.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
 
 
 def cache_path(plan, key: str) -> Path:

