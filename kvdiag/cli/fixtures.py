@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -39,7 +39,7 @@ def import_gguf(
     out: Annotated[Path | None, typer.Option("--out", help="Directory to write the model into. "
                                              "Default: $XDG_CACHE_HOME/kvdiag/models/NAME-DTYPE "
                                              "(~/.cache/kvdiag/models/...).")] = None,
-    dtype: Annotated[str, typer.Option("--dtype", help="Stored weight dtype: bfloat16 or float32 "
+    dtype: Annotated[Literal["bfloat16", "float32"], typer.Option("--dtype", help="Stored weight dtype: bfloat16 or float32 "
                                        "(the engine computes in float32 on CPU either way).")] = "bfloat16",
     as_json: JsonOpt = False,
 ) -> None:
