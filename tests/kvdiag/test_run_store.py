@@ -97,4 +97,4 @@ def test_api_keys_never_reach_disk(tmp_path):
     for path in written:
         data = path.read_bytes()
         assert flag_key.encode() not in data and env_key.encode() not in data, path
-    assert "--api-key ***" in (tmp_path / "a" / "summary.json").read_text()
+    assert "--api-key '***'" in (tmp_path / "a" / "summary.json").read_text()  # shlex-quoted
