@@ -21,7 +21,7 @@ def build_canary(
     """Build the canary checkpoint deterministically (two builds are byte-identical) and print
     each file's sha256.
 
-    Example: kvdiag fixtures build-canary --out /tmp/canary
+    Example: kvdiag fixtures build-canary --out build/canary
     """
     from kvdiag.canary.build import build_canary as build
 

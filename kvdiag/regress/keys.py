@@ -20,7 +20,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kvdiag.errors import KvdiagError
-from kvdiag.targets import Target, parse_target  # noqa: F401  (targets are named here too)
 
 CACHE_FLAGS = ("block_size", "cache_dtype", "enable_prefix_caching", "prefix_caching_hash_algo",
                "kv_cache_dtype", "sliding_window", "calculate_kv_scales")
