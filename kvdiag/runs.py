@@ -181,9 +181,7 @@ def command_line() -> str:
     """The command that reruns this run, rebuilt from the running CLI command's parsed
     options (so it reads the same from a shell, a test runner or a subprocess). Secrets
     (API keys, tokens) are never recorded: their values read ***."""
-    import click
-
-    ctx = click.get_current_context(silent=True)
+    ctx = _click_context()
     if ctx is None:
         words = [Path(sys.argv[0]).name if sys.argv else "kvdiag", *sys.argv[1:]]
         flags = {w.partition("=")[0] for w in words if w.startswith("--") and SECRET_PARAMS.search(w)}
@@ -192,7 +190,7 @@ def command_line() -> str:
     for param in ctx.command.params:
         value = ctx.params.get(param.name)
         if value is None or value == param.default or not param.opts:
-            if isinstance(param, click.Argument) and value is not None:
+            if param.param_type_name == "argument" and value is not None:
                 words.append(str(value))
             continue
         flag = max(param.opts, key=len)
@@ -206,6 +204,21 @@ def command_line() -> str:
         else:
             words += [flag, REDACTED if secret else str(value)]
     return shlex.join(words)
+
+
+def _click_context():
+    """The running command's click context, or None. Typer 0.2x runs on its own copy of
+    click (typer._click), whose context stack plain click cannot see: ask both."""
+    import importlib
+
+    for name in ("typer._click.globals", "click.globals"):
+        try:
+            ctx = importlib.import_module(name).get_current_context(silent=True)
+        except ImportError:
+            continue
+        if ctx is not None:
+            return ctx
+    return None
 
 
 def _command_path(ctx) -> list[str]:
