@@ -93,19 +93,11 @@ class FactChecker:
         self.nlp = self._pipeline(spacy_model, dict(aliases or {}))
 
     def _pipeline(self, spacy_model: str | None, aliases: dict[str, Sequence[str]]):
-        import spacy
+        """This KB's entity ruler over the shared base pipeline of `spacy_model` (_Ruled)."""
+        from spacy.pipeline import EntityRuler
 
-        nlp = None
-        if spacy_model:
-            try:
-                nlp = spacy.load(spacy_model)
-            except (OSError, ImportError) as exc:
-                self.note = f"spaCy model {spacy_model!r} not available ({exc}); using blank 'en'"
-        nlp = nlp or spacy.blank("en")
-        if not any(nlp.has_pipe(p) for p in ("parser", "senter", "sentencizer")):
-            nlp.add_pipe("sentencizer", first=True)
-        where = {"before": "ner"} if nlp.has_pipe("ner") else {}
-        ruler = nlp.add_pipe("entity_ruler", config={"phrase_matcher_attr": "LOWER"}, **where)
+        base, self.note = _base_pipeline(spacy_model)
+        ruler = EntityRuler(base, phrase_matcher_attr="LOWER")
         patterns, seen = [], set()
         for fact in self.facts:
             for label, kb_text in (("KB_ENTITY", fact.entity), ("KB_RELATION", fact.relation),
@@ -116,7 +108,7 @@ class FactChecker:
                         seen.add((label, form.lower()))
                         patterns.append({"label": label, "pattern": form, "id": kb_text})
         ruler.add_patterns(patterns)
-        return nlp
+        return _Ruled(base, ruler)
 
     def check(self, answer: str | None, asked: Sequence[FactLike] | FactLike) -> FactCheckResult:
         """Extracts triples from `answer` and judges them against `asked` (rules above)."""
@@ -159,3 +151,47 @@ class FactCheckPassRate(Metric):
 
     def compute(self, rows: DataFrame) -> float:
         return nan_mean(rows["fact_check_pass"])  # NaN rows are recitations: not checked
+
+
+class _Ruled:
+    """A shared base pipeline with one KB's entity ruler added before its "ner" (or last):
+    what nlp(text) would do had the ruler been added to the pipeline itself."""
+
+    def __init__(self, base, ruler) -> None:
+        names = [name for name, _ in base.pipeline]
+        at = names.index("ner") if "ner" in names else len(names)
+        self.base = base
+        self.pipe_names = [*names[:at], "entity_ruler", *names[at:]]
+        self.pipes = [pipe for _, pipe in base.pipeline[:at]] + [ruler] + [
+            pipe for _, pipe in base.pipeline[at:]]
+
+    def __call__(self, text: str):
+        doc = self.base.make_doc(text)
+        for pipe in self.pipes:
+            doc = pipe(doc)
+        return doc
+
+
+_BASES: dict[str | None, tuple[object, str]] = {}
+
+
+def _base_pipeline(spacy_model: str | None) -> tuple[object, str]:
+    """(the pipeline every checker of this process shares, a note if `spacy_model` was not
+    available): `spacy_model`, else a blank English one, with sentence boundaries. Loading
+    it is most of a checker's cost (about half a second for the blank one), so it is
+    loaded once; each KB adds only its own entity ruler (see FactChecker._pipeline)."""
+    if spacy_model not in _BASES:
+        import spacy
+
+        nlp, note = None, ""
+        if spacy_model:
+            try:
+                nlp = spacy.load(spacy_model)
+            except (OSError, ImportError) as exc:
+                note = f"spaCy model {spacy_model!r} not available ({exc}); using blank 'en'"
+        nlp = nlp or spacy.blank("en")
+        if not any(nlp.has_pipe(p) for p in ("parser", "senter", "sentencizer")):
+            nlp.add_pipe("sentencizer", first=True)
+        _BASES[spacy_model] = nlp, note
+    return _BASES[spacy_model]
+

@@ -51,6 +51,7 @@ def plan_case(suite: Suite, case: Case, tokenizer, block_size: int | None = None
     that block size's boundary: 4095 -> 4128 at 32); the plan's suite carries it."""
     if block_size and block_size != suite.block_size:
         suite = dataclasses.replace(suite, block_size=block_size)
+    tokenizer = PieceEncoder.wrap(tokenizer)
     seed = case.seed if case.seed is not None else suite.seed
     style = case.style or suite.style
     system = system_prompt(style, tokenizer, case.shared_prefix, seed)
@@ -78,6 +79,8 @@ def plan_case(suite: Suite, case: Case, tokenizer, block_size: int | None = None
             raise ValueError(f"{suite.path}: case {case.name}: session {s}: {e}") from None
         sessions.append(session)
         prompts.append([tokenizer.encode_chat(session.messages(r)) for r in range(case.rounds)])
+    if isinstance(tokenizer, PieceEncoder):
+        tokenizer.check([ses.messages(case.rounds - 1) for ses in sessions], prompts)
     first = [p[0] for p in prompts]
     shared = 0
     while all(len(p) > shared and p[shared] == first[0][shared] for p in first):
@@ -87,3 +90,45 @@ def plan_case(suite: Suite, case: Case, tokenizer, block_size: int | None = None
                                block_size=suite.block_size, shared_prefix=shared,
                                pressure_round=case.pressure_round, max_think=case.max_think, seed=seed)
     return CasePlan(suite, case, sessions, prompts, schedule)
+
+
+class PieceEncoder:
+    """A local tokenizer's encode_chat, message by message. A chat renders as one piece per
+    message, each ending in the end-of-turn special token (`<|im_end|>`). Tokenizers split
+    special tokens out before anything else, so the ids of the whole equal the ids of its
+    pieces, and each piece is encoded once: planning re-counts whole histories hundreds of
+    times, each longer than the last, and most of a case's planning time was spent there.
+
+    check() encodes each session's last prompt whole and compares: a tokenizer for which the
+    pieces do not add up (one that treats the start of the text differently) raises there,
+    so a plan is never built from wrong counts."""
+
+    def __init__(self, tokenizer, marker: str) -> None:
+        self.tokenizer, self.marker, self.pieces = tokenizer, marker, {}
+
+    @classmethod
+    def wrap(cls, tokenizer):
+        """`tokenizer` itself where it cannot be split (a server's /tokenize, no end token)."""
+        marker = getattr(tokenizer, "eos_token", None)
+        if not marker or not hasattr(tokenizer, "render_chat"):
+            return tokenizer
+        return cls(tokenizer, marker)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        ids, parts = [], self.tokenizer.render_chat(messages, add_generation_prompt).split(self.marker)
+        for i, part in enumerate(parts):
+            piece = part + self.marker if i < len(parts) - 1 else part
+            if piece not in self.pieces:
+                self.pieces[piece] = self.tokenizer.encode(piece, add_special_tokens=False)
+            ids += self.pieces[piece]
+        return ids
+
+    def check(self, last_messages: list[list[dict]], prompts: list[list[list[int]]]) -> None:
+        for messages, ps in zip(last_messages, prompts):
+            whole = self.tokenizer.encode_chat(messages)
+            if whole != ps[-1]:
+                raise ValueError("this tokenizer's chat encodings do not add up message by message; "
+                                 "planning cannot count by pieces (please report it)")

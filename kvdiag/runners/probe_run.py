@@ -65,7 +65,6 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
              "plan_sha": plan_sha(plan), "salted": salted}
     if meta is not None and meta["plan_sha"] != fresh["plan_sha"]:
         raise KvdiagError(f"{run_dir}: the suite or the server's tokenizer changed since this probe began")
-    meta_path.write_text(json.dumps(meta or fresh, indent=2))
     store = P.RoundStore(run_dir / "rounds.jsonl")
     jobs = [(k, r) for k in range(len(plan.sessions)) for r in range(case.rounds)]
     floor = P.floor_jobs(plan, settings.floor_sessions)
@@ -79,13 +78,21 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
                 progress(phase, done[0], total)
         return tick
 
-    before, after_shared = endpoint.metrics(), {}
+    # the server's counters when the probe began; kept in probe.json so that a resumed
+    # probe's prefix-cache hit rate still covers the whole run
+    before = _counters_since(meta, endpoint.metrics())
+    kept = meta is not None and before is meta.get("metrics_before")
+    meta = (meta if kept else fresh | {"metrics_after_shared": None}) | {"metrics_before": before}
+    meta_path.write_text(json.dumps(meta, indent=2))
+    after_shared = {}
 
     async def run_all():
         try:
             await P._phase_shared(endpoint, plan, store, settings, tick_for("shared (cache on)"),
                                   pressure)
-            after_shared.update(endpoint.metrics())
+            after_shared.update(meta.get("metrics_after_shared") or endpoint.metrics())
+            meta["metrics_after_shared"] = after_shared  # a resume after this point keeps it
+            meta_path.write_text(json.dumps(meta, indent=2))
             await P._phase_isolated(endpoint, plan, store, settings, P.ISOLATED, jobs, salted,
                                     tick_for("isolated (fresh cache_salt)"))
             await P._phase_isolated(endpoint, plan, store, settings, P.FLOOR, floor, salted,
@@ -121,3 +128,16 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
     })
     summary.update(P.server_summary(store, plan, server, pressure, before, after_shared, corrupt))
     return RunResult("probe", frame, summary)
+
+
+def _counters_since(meta: dict | None, now: dict) -> dict:
+    """The server's counters when this probe began: those saved in probe.json when resuming
+    against the same server process, so that the prefix-cache hit rate covers the whole run.
+    A restarted server's counters start again from zero (lower than saved): then only the
+    counters from now on are comparable."""
+    saved = (meta or {}).get("metrics_before")
+    key = "vllm:prefix_cache_queries_total"
+    if saved and now.get(key, 0) >= saved.get(key, 0):
+        return saved
+    return now
+

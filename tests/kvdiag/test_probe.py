@@ -69,6 +69,11 @@ def test_probe_finds_corruption_on_the_buggy_server_and_resumes(tmp_path, in_pro
     assert len(keys) == len(set(keys)) >= 2 * 16 * 12 + 4 * 12  # nothing asked twice
     assert summary["verdict"] == "fail" and summary["corruption_rounds"]
     assert all(1 <= n <= 12 for n in summary["corruption_rounds"])
+    # the server's cache statistics cover the whole run, not only the resumed part: the
+    # counters kept are those of the fresh server, before the first attempt's first request
+    kept_before = json.loads((out / "probe.json").read_text())["metrics_before"]
+    assert kept_before.get("vllm:prefix_cache_queries_total", 0) == 0
+    assert summary["server_prefix_cache"]["hit_rate"] is not None
     assert in_process["faults"]["trigger/buggy"]  # the in-process runner agrees
 
 
