@@ -36,6 +36,7 @@ def in_process(tmp_path_factory):
     return json.loads(result.stdout)
 
 
+@pytest.mark.slow  # ~75 s; the buggy server's probe below runs in the fast suite
 def test_probe_passes_the_guarded_server(tmp_path, in_process):
     with served(*_server_args("guarded")) as (url, _):
         run = subprocess.run(_probe(url, tmp_path / "g", "--json"), capture_output=True, text=True, timeout=900)

@@ -233,6 +233,7 @@ def test_sigkill_at_any_point_never_records_an_unfinished_run(smoke, tmp_path, p
     assert refused.exit_code == 2 and "never overwrites" in refused.output
 
 
+@pytest.mark.slow  # ~55 s; test_run_store regresses against live servers in the fast suite
 def test_a_live_server_as_the_target(tmp_path):
     suite = tmp_path / "tiny.yaml"
     suite.write_text(TINY)

@@ -60,7 +60,8 @@ def test_guard_removes_the_fault_on_the_trigger(tiny_ckpt, trigger):
             assert t.stats.attention_leakage == 0.0
 
 
-@pytest.mark.parametrize("condition", ["no-caching", "no-jump", "uniform", "big-pool"])
+@pytest.mark.parametrize("condition", [pytest.param("no-caching", marks=pytest.mark.slow),  # ~95 s
+                                       "no-jump", "uniform", "big-pool"])
 def test_removing_any_one_condition_gives_zero_foreign_slots(tiny_ckpt, condition):
     schedule = _schedule(condition)
     reference = reference_turns(tiny_ckpt, schedule)
