@@ -32,3 +32,8 @@ class PromptTooLongError(InvalidRequestError):
 
 class PoolTooSmallError(EngineError):
     """The KV block pool cannot hold even one request of this size."""
+
+
+class IntegrityError(RuntimeError):
+    """check_integrity() found a broken allocator invariant (a stale hash entry first): an
+    engine bug, not bad input. The message names the block and its generations."""

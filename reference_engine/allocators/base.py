@@ -53,7 +53,7 @@ class BlockAllocator(ABC):
       tokens fill (K/V written) under their chained hashes.
     - `free(seq)` drops the sequence's references; blocks at zero references stay cached (and
       hittable) until recycled, tail blocks first.
-    - `check_integrity()` raises RuntimeError, with the numbers, if an invariant is broken.
+    - `check_integrity()` raises IntegrityError (a RuntimeError), with the numbers, if an invariant is broken.
 
     An allocator touches only its own state and a sequence's block fields (`block_table`,
     `block_hashes`, `num_cached_blocks`); caches the backend derives from a block table are

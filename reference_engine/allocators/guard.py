@@ -43,6 +43,7 @@ from reference_engine.allocators.base import (
     PrefixCachingAllocator,
 )
 from reference_engine.allocators.faults import StaleHashAllocator
+from reference_engine.errors import IntegrityError
 from reference_engine.sequence import Sequence
 
 
@@ -134,7 +135,7 @@ class SequenceGuard(BlockAllocator):
         for h, (block_id, gen) in self.entry_generation.items():
             now = self.inner.cached_block_id(h)
             if gen != self.generation[block_id] or now != block_id:
-                raise RuntimeError(
+                raise IntegrityError(
                     f"hash entry {h.hex()[:12]} recorded block {block_id} at generation {gen}; "
                     f"block is at generation {self.generation[block_id]}, table says {now}"
                 )
@@ -142,7 +143,7 @@ class SequenceGuard(BlockAllocator):
             now = [self.generation[b] for b in seq.block_table]
             if seq.block_table and now != gens:
                 bad = next(i for i, (a, b) in enumerate(zip(gens, now)) if a != b)
-                raise RuntimeError(
+                raise IntegrityError(
                     f"sequence {seq.seq_id}: block-table entry {bad} (block {seq.block_table[bad]}) "
                     f"recorded generation {gens[bad]}, block is at {now[bad]}"
                 )

@@ -27,6 +27,7 @@ from reference_engine.allocators.base import (
     NoFreeBlocks,
     PrefixCachingAllocator,
 )
+from reference_engine.errors import IntegrityError
 from reference_engine.sequence import Sequence
 
 
@@ -186,7 +187,7 @@ class PrefixCacheAllocator(PrefixCachingAllocator):
 
     # --- invariants --------------------------------------------------------------------
     def check_integrity(self) -> None:
-        """Raise RuntimeError at the first broken invariant: a stale hash entry (its block
+        """Raise IntegrityError at the first broken invariant: a stale hash entry (its block
         was handed out again since the entry was made), free + used != total, a negative
         ref count, the free queue disagreeing with ref counts, an entry whose block holds
         other content. The stale-entry check runs first: it is the fault this project hunts."""
@@ -196,24 +197,24 @@ class PrefixCacheAllocator(PrefixCachingAllocator):
             # made[0] != block_id: a subclass re-pointed the entry itself; the content
             # check below still covers it
             if made is not None and made[0] == block_id and made[1] != now:
-                raise RuntimeError(
+                raise IntegrityError(
                     f"stale hash entry {h.hex()[:12]}: block {block_id} was cached at generation "
                     f"{made[1]} and has been handed out again since (now generation {now})"
                 )
         n_free, n_used = len(self.free_block_ids), len(self.used_block_ids)
         if n_free + n_used != self.num_blocks:
-            raise RuntimeError(f"free {n_free} + used {n_used} != total {self.num_blocks}")
+            raise IntegrityError(f"free {n_free} + used {n_used} != total {self.num_blocks}")
         for block in self.blocks:
             if block.ref_cnt < 0:
-                raise RuntimeError(f"block {block.block_id} has ref_cnt {block.ref_cnt}")
+                raise IntegrityError(f"block {block.block_id} has ref_cnt {block.ref_cnt}")
             if (block.ref_cnt == 0) != (block.block_id in self.free_block_ids):
-                raise RuntimeError(
+                raise IntegrityError(
                     f"block {block.block_id}: ref_cnt {block.ref_cnt} but "
                     f"{'in' if block.block_id in self.free_block_ids else 'not in'} the free queue"
                 )
         for h, block_id in self.hash_to_block_id.items():
             if self.blocks[block_id].block_hash != h:
-                raise RuntimeError(
+                raise IntegrityError(
                     f"hash entry {h.hex()[:12]} points at block {block_id}, which now holds "
                     f"{'no cached content' if self.blocks[block_id].block_hash is None else 'other content'}"
                 )
