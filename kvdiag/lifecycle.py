@@ -16,6 +16,7 @@ History rows and exports read the finished directory, so they come last.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +48,17 @@ class RunResult:
     @property
     def exit_code(self) -> int:
         return exit_code(self.verdict)
+
+    def as_json(self) -> dict:
+        """What --json prints: summary.json and where the run is."""
+        return self.summary | {"run_dir": str(self.run_dir)}
+
+
+def no_progress(description: str, total: int | None = None) -> AbstractContextManager:
+    """The progress display of a run nobody watches. Runs take `progress` in this shape (the
+    CLI passes Output.progress): a context manager giving update(advance=, completed=,
+    total=, description=)."""
+    return nullcontext(lambda **_: None)
 
 
 def stamp(summary: dict, timer: Timer, kind: str, vllm_version: str | None = None) -> dict:

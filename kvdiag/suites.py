@@ -14,7 +14,7 @@ import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from kvdiag.errors import SuiteError
+from kvdiag.errors import KvdiagError, SuiteError
 from kvdiag.paths import SUITES
 from kvdiag.scenarios import CONDITIONS
 from kvdiag.vocab import STYLES
@@ -201,4 +201,31 @@ def with_overrides(case: Case, **kw) -> Case:
     return dataclasses.replace(case, **{k: v for k, v in kw.items() if v is not None})
 
 
-__all__ = ["Case", "Suite", "load_suite", "resolve_suite_path", "with_overrides", "field"]
+def names(values: list[str] | str | None) -> list[str] | None:
+    """A list option's values: repeated, comma-separated, or both. None when not given."""
+    if not values:
+        return None
+    values = [values] if isinstance(values, str) else values
+    out = [v.strip() for value in values for v in value.split(",") if v.strip()]
+    return out or None
+
+
+def load_cases(suite: str | Path, cases: list[str] | str | None = None, style: str | None = None,
+               *, one: bool = False) -> tuple[Suite, list[Case]]:
+    """(suite, [cases]) with `style` applied: `cases` as `names` reads them, or None for the
+    default cases; with `one`, the case named or the first default one. KvdiagError when
+    nothing is selected."""
+    loaded = load_suite(suite)
+    if style:
+        loaded = dataclasses.replace(loaded, style=style)
+    spec = ",".join(names(cases) or []) or None
+    if one:
+        return loaded, [loaded.case(spec) if spec else (loaded.select(None) or list(loaded.cases))[0]]
+    chosen = loaded.select(spec)
+    if not chosen:
+        raise KvdiagError(f"{loaded.path}: no case selected by {spec!r}")
+    return loaded, chosen
+
+
+__all__ = ["Case", "Suite", "field", "load_cases", "load_suite", "names", "resolve_suite_path",
+           "with_overrides"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,14 +45,8 @@ def parse_target(spec: str) -> Target:
     if spec.startswith(("http://", "https://")):
         return Target(spec.rstrip("/"), url=spec.rstrip("/"))
     if spec == "reference" or spec.startswith("reference:"):
-        from reference_engine import allocators
-        from reference_engine.errors import UnknownAllocatorError
-
         name = spec.split(":", 1)[1] if ":" in spec else "guarded"
-        try:
-            allocators.canonical_name(name)
-        except UnknownAllocatorError as e:
-            raise KvdiagError(f"--target {spec}: {e}") from None
+        check_allocator(name, f"--target {spec}")
         return Target(f"reference:{name}", allocator=name)
     if spec == VLLM_LOCAL or spec.startswith(VLLM_LOCAL + ":"):
         from kvdiag.vllm_local.faults import check_fault
@@ -61,6 +55,44 @@ def parse_target(spec: str) -> Target:
         return Target(VLLM_LOCAL + (f":{fault}" if fault else ""), fault=fault)
     raise KvdiagError(f"--target {spec!r}: expected reference:ALLOCATOR, vllm-local[:FAULT] or an "
                       "http(s):// URL")
+
+
+def check_allocator(name: str, option: str | None = None) -> str:
+    """The registry's name for allocator `name`, checked before any work (the registry
+    imports no torch); KvdiagError names `option` (default: --allocator NAME)."""
+    from reference_engine.allocators import canonical_name
+    from reference_engine.errors import UnknownAllocatorError
+
+    try:
+        return canonical_name(name)
+    except UnknownAllocatorError as e:
+        raise KvdiagError(f"{option or f'--allocator {name}'}: {e}") from None
+
+
+def endpoint_target(base_url: str | None, target: str | None, model: str | None) -> Target:
+    """What a probe talks to: --base-url URL with --model NAME, or --target vllm-local[:FAULT]."""
+    spec = parse_target(target) if target else None
+    if (spec is None) == (base_url is None) or (spec is not None and not spec.is_vllm_local):
+        raise KvdiagError("give --base-url URL --model NAME, or --target vllm-local[:FAULT]")
+    if spec is None and not model:
+        raise KvdiagError("--base-url needs --model NAME (as the server serves it)")
+    return spec or Target(base_url, url=base_url)
+
+
+@contextmanager
+def running(target: Target, suite, case, model: str | None, log_dir: Path,
+            info: Callable[[str], None] = lambda _: None) -> Iterator[tuple[Target, str | None]]:
+    """(the target with its URL, the served model name) while the run talks to it: a
+    vllm-local target's server is started on `model` (a directory; default: the suite's, else
+    the canary), its log in log_dir/vllm.log, and stopped on exit; a URL target serves `model`."""
+    if not target.is_vllm_local:
+        yield target, model
+        return
+    from kvdiag.paths import CANARY
+
+    info(f"starting vLLM for {target.spec} (log: {Path(log_dir) / 'vllm.log'}) ...")
+    with live(target, suite, case, Path(model or suite.model or CANARY), log_dir) as started:
+        yield started
 
 
 def vllm_pool(suite, case, model_dir: Path) -> int:

@@ -13,7 +13,7 @@ from reference_engine import allocators
 from reference_engine.config import EngineConfig
 from reference_engine.errors import InvalidRequestError, PoolTooSmallError, PromptTooLongError
 from reference_engine.kv_cache import PagedKVCache
-from reference_engine.loader import Checkpoint, check_weights, load_checkpoint
+from reference_engine.loader import Checkpoint, check_weights, has_tokenizer, load_checkpoint
 from reference_engine.log_lines import GUARD_LOG_LINE, PAGED_ATTENTION_LINE
 from reference_engine.model import CausalLM
 from reference_engine.paged_backend import PagedBackend
@@ -185,3 +185,20 @@ class LLMEngine:
         while self.has_unfinished():
             self.step()
         return seqs
+
+
+def complete(model: str | Path, prompt: str | list[int], *, chat: bool = False,
+             max_tokens: int = 64, **config) -> tuple[list[int], str | None]:
+    """One greedy completion on a fresh engine (EngineConfig(**config), one sequence at a
+    time): the generated ids and their text, None without a tokenizer. `prompt`: text
+    (encoded as is, or as one user message in the chat template with `chat`), or token ids,
+    which need no tokenizer (vLLM's skip_tokenizer_init)."""
+    ids = None if isinstance(prompt, str) else list(prompt)
+    skip_tokenizer = ids is not None and not has_tokenizer(model)
+    engine = LLMEngine(Path(model), EngineConfig(max_num_seqs=1, skip_tokenizer_init=skip_tokenizer,
+                                                 **config))
+    tok = engine.tokenizer
+    if ids is None:
+        ids = tok.encode_chat([{"role": "user", "content": prompt}]) if chat else tok.encode(prompt)
+    (seq,) = engine.generate([ids], max_tokens=max_tokens)
+    return seq.output_ids, None if tok is None else tok.decode(seq.output_ids)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -17,6 +19,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException
 
 from reference_engine.async_engine import AsyncEngine, RequestAborted
+from reference_engine.config import EngineConfig
 from reference_engine.engine import LLMEngine
 from reference_engine.errors import EngineError
 from reference_engine.http_guard import HttpGuard
@@ -184,6 +187,21 @@ def create_app(engine: LLMEngine, model_name: str, *, max_body_bytes: int | None
             request, stream, chat_completion(rid, model_name, stream, tok, top, len(ids)))
 
     return app
+
+
+def serve(model: str | Path, config: EngineConfig, *, host: str = "127.0.0.1", port: int = 8000,
+          served_model_name: str | None = None, max_body_bytes: int | None = None,
+          api_key: str | None = None, announce: Callable[[str], None] = print) -> None:
+    """Load `model` into an engine and serve it with uvicorn until interrupted, as
+    `served_model_name` (default: the directory's name); `announce` is told where."""
+    import uvicorn
+
+    name = served_model_name or Path(model).name
+    app = create_app(LLMEngine(Path(model), config), name, max_body_bytes=max_body_bytes,
+                     api_key=api_key or None)
+    auth = ", API key required" if api_key else ""  # never the key itself
+    announce(f"serving {name} ({config.allocator}) on http://{host}:{port}{auth}")
+    uvicorn.run(app, host=host, port=port, log_level="warning")
 
 
 def _openapi_bodies(app: FastAPI):

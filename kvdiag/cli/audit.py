@@ -17,11 +17,8 @@ from kvdiag.cli.common import (
     OutOpt,
     Output,
     SuiteOpt,
-    check_allocators,
     handle_errors,
-    load_cases,
 )
-from kvdiag.errors import KvdiagError
 
 
 @handle_errors
@@ -51,33 +48,8 @@ def audit_vllm(
 
     Example: .venv-vllm/bin/kvdiag audit-vllm --case trigger
     """
-    from kvdiag.lifecycle import finish_run
-    from kvdiag.runners.trace import read_trace
-    from kvdiag.runners.trace import write_trace as save_trace
-    from kvdiag.runners.vllm_audit import audit_trace, trace_for_case
-    from kvdiag.runs import RunDir, Timer
+    from kvdiag.runners.vllm_audit import audit_run
 
     out = Output(as_json)
-    timer = Timer()
-    if compare != "none":
-        from reference_engine.allocators import canonical_name
-
-        check_allocators([compare])  # bad names fail here, before any work
-        compare = canonical_name(compare)
-    if trace is not None:
-        if case is not None:
-            raise KvdiagError("give --trace or --case, not both")
-        recorded, label, seed = read_trace(trace), f"trace:{trace.name}", 0
-    else:
-        loaded, (chosen,) = load_cases(suite, case, one=True)
-        out.info(f"planning {loaded.name}/{chosen.name} and running the contiguous reference ...")
-        recorded = trace_for_case(loaded, chosen, model=model, device=device)
-        label, seed = "canary" if model is None and loaded.model is None else str(model or loaded.model), loaded.seed
-    if write_trace is not None:
-        save_trace(recorded, write_trace)
-        out.info(f"trace written to {write_trace}")
-    run = RunDir.begin(out_dir, recorded.config.suite)
-    with run:
-        result = audit_trace(recorded, compare=None if compare == "none" else compare,
-                             model_label=label, seed=seed)
-    out.finish(finish_run(result, run, timer))
+    out.finish(audit_run(suite, case, trace=trace, write_trace=write_trace, compare=compare,
+                         model=model, device=device, out_dir=out_dir, info=out.info))

@@ -1,7 +1,7 @@
-"""What every command shares: option aliases (each defined once), list and case parsing,
-and the error boundary that turns bad input into one line and exit code 2 (ARCHITECTURE.md:
-0 pass, 1 check failed, 2 the run could not be made). Output and progress live in
-kvdiag.report.console, beside the renderers."""
+"""What every command shares: option aliases (each defined once) and the error boundary
+that turns bad input into one line and exit code 2 (ARCHITECTURE.md: 0 pass, 1 check
+failed, 2 the run could not be made). Output and progress live in kvdiag.report.console,
+beside the renderers."""
 
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ from typing import Annotated, Literal
 
 import typer
 
+from kvdiag.errors import KvdiagError
 from kvdiag.paths import CANARY
 from kvdiag.report.console import Output, enable_engine_log  # noqa: F401  (what commands use)
+from reference_engine.errors import EngineError
 
 EXIT_PASS, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
-DEFAULT_MODEL = CANARY
+DEFAULT_MODEL, DEFAULT_HISTORY = CANARY, Path("reports/history.sqlite")
 
 ModelOpt = Annotated[Path | None, typer.Option(
     "--model", show_default=False, help="Local Hugging Face model directory (Qwen2, Qwen3 or "
@@ -37,9 +39,8 @@ CaseOpt = Annotated[list[str] | None, typer.Option(
 OneCaseOpt = Annotated[str | None, typer.Option(
     "--case", show_default=False, help="Case to run. Default: the suite's first default case.")]
 StyleOpt = Annotated[Literal["canary", "natural"] | None, typer.Option(
-    "--style", show_default=False,
-    help="Session style: canary (the canary model's fact lines) or natural (English, for real "
-    "chat models). Default: the suite's.")]
+    "--style", show_default=False, help="Session style: canary (the canary model's fact lines) or "
+    "natural (English, for real chat models). Default: the suite's.")]
 OutOpt = Annotated[Path | None, typer.Option(
     "--out", show_default=False, help="New run directory (refused if it exists and is not "
     "empty). Default: reports/NAME-TIME.")]
@@ -54,67 +55,32 @@ NoCacheOpt = Annotated[bool, typer.Option(
 CheckIntegrityOpt = Annotated[bool, typer.Option(
     "--check-integrity", help="Check every allocator invariant after every engine step (slow; "
     "a stale hash entry raises at once, naming block and generation).")]
-
-
-def names(values: list[str] | str | None) -> list[str] | None:
-    """A list option's values: repeated, comma-separated, or both. None when not given."""
-    if not values:
-        return None
-    values = [values] if isinstance(values, str) else values
-    out = [v.strip() for value in values for v in value.split(",") if v.strip()]
-    return out or None
-
-
-def check_allocators(given: list[str] | None) -> None:
-    """Unknown allocator names fail here, before any work (the registry imports no torch)."""
-    from kvdiag.errors import KvdiagError
-    from reference_engine.allocators import canonical_name
-    from reference_engine.errors import UnknownAllocatorError
-
-    for name in given or []:
-        try:
-            canonical_name(name)
-        except UnknownAllocatorError as e:
-            raise KvdiagError(f"--allocator {name}: {e}") from None
-
-
-def load_cases(suite: str, cases=None, style: str | None = None, *, one: bool = False):
-    """(suite, [cases]) with `style` applied; KvdiagError when nothing is selected."""
-    import dataclasses
-
-    from kvdiag.errors import KvdiagError
-    from kvdiag.suites import load_suite
-
-    loaded = load_suite(suite)
-    if style:
-        loaded = dataclasses.replace(loaded, style=style)
-    spec = ",".join(names(cases) or []) or None
-    if one:
-        return loaded, [loaded.case(spec) if spec else (loaded.select(None) or list(loaded.cases))[0]]
-    chosen = loaded.select(spec)
-    if not chosen:
-        raise KvdiagError(f"{loaded.path}: no case selected by {spec!r}")
-    return loaded, chosen
-
-
-def user_errors():
-    """The exceptions that mean bad input or an unreachable target, never a bug."""
-    from kvdiag.errors import KvdiagError
-    from reference_engine.errors import EngineError
-
-    return (EngineError, KvdiagError, FileNotFoundError, ValueError)
+TargetModelOpt = Annotated[str | None, typer.Option(
+    "--model", show_default=False, help="The model name as the server serves it (required for a "
+    "URL); for a target kvdiag runs itself (reference, vllm-local): a local model directory "
+    "(default: the suite's, else the canary).")]
+ConcurrencyOpt = Annotated[int, typer.Option("--concurrency", min=1, help="Live servers: requests "
+                                             "in flight at once.")]
+ResumeOpt = Annotated[Path | None, typer.Option(
+    "--resume", show_default=False, help="An interrupted run's directory: finish what it left.")]
+SuiteFilterOpt = Annotated[str | None, typer.Option("--suite", help="Only this suite's runs.")]
+BaseUrlOpt = Annotated[str | None, typer.Option(
+    "--base-url", show_default=False, help="The server, e.g. http://127.0.0.1:8000 (with or "
+    "without /v1); only this endpoint gets traffic.")]
+BlockSizeOpt = Annotated[int | None, typer.Option(
+    "--block-size", min=1, show_default=False, help="The server's KV block size, where its /metrics "
+    "has no vllm:cache_config_info (else: the suite's, or 16 without a suite).")]
 
 
 def handle_errors(fn):
-    """Decorator: bad input becomes one line on stderr and exit 2, never a traceback."""
+    """Decorator: bad input or an unreachable target becomes one line on stderr and exit 2,
+    never a traceback (a bug keeps its traceback)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except typer.Exit:
-            raise
-        except user_errors() as e:
+        except (EngineError, KvdiagError, FileNotFoundError, ValueError) as e:
             Output().error(str(e).splitlines()[0] if str(e) else type(e).__name__)
             raise typer.Exit(EXIT_ERROR) from None
         except KeyboardInterrupt:

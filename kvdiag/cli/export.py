@@ -7,10 +7,7 @@ from typing import Annotated
 
 import typer
 
-from kvdiag.cli.common import HistoryOpt, Output, handle_errors
-
-SuiteOpt = Annotated[str | None, typer.Option("--suite", help="Only this suite's runs.")]
-DEFAULT_HISTORY = Path("reports/history.sqlite")
+from kvdiag.cli.common import DEFAULT_HISTORY, HistoryOpt, Output, SuiteFilterOpt, handle_errors
 
 
 @handle_errors
@@ -18,7 +15,7 @@ def export(
     textfile: Annotated[Path, typer.Option("--textfile", help="node_exporter textfile collector "
                                            "directory (--collector.textfile.directory).")],
     history: HistoryOpt = DEFAULT_HISTORY,
-    suite: SuiteOpt = None,
+    suite: SuiteFilterOpt = None,
 ) -> None:
     """Write DIR/kvdiag.prom (SQDR, BRAI, per-round fact-check and BLEU-4, leakage, cache
     divergence of the latest run of each suite, target and model), atomically.
@@ -27,10 +24,7 @@ def export(
     """
     from kvdiag.export.prometheus import write_textfile
 
-    if not history.exists():
-        raise FileNotFoundError(f"{history}: no history yet (kvdiag regress --history {history} makes one)")
-    path = write_textfile(textfile, history, suite)
-    Output().out.print(f"wrote {path}")
+    Output().out.print(f"wrote {write_textfile(textfile, history, suite)}")
 
 
 @handle_errors
@@ -39,7 +33,7 @@ def exporter(
     addr: Annotated[str, typer.Option("--addr", help="Address to listen on (0.0.0.0 for every "
                                       "interface; mind who can reach it).")] = "127.0.0.1",
     history: HistoryOpt = DEFAULT_HISTORY,
-    suite: SuiteOpt = None,
+    suite: SuiteFilterOpt = None,
 ) -> None:
     """Serve the latest runs' metrics on http://ADDR:PORT/metrics (prometheus-client),
     rereading the history on every scrape. Runs until interrupted. A missing history is
@@ -47,14 +41,7 @@ def exporter(
 
     Example: kvdiag exporter --port 9733 --history reports/history.sqlite
     """
-    import threading
+    from kvdiag.export.prometheus import serve_forever
 
-    from kvdiag.export.prometheus import start_exporter
-
-    server, _ = start_exporter(port, history, addr=addr, suite=suite)
-    Output().info(f"kvdiag exporter on http://{addr}:{server.server_port}/metrics "
-                  f"(history {history}); Ctrl-C stops it")
-    try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        server.shutdown()
+    serve_forever(port, history, addr, suite, announce=lambda url: Output().info(
+        f"kvdiag exporter on {url} (history {history}); Ctrl-C stops it"))

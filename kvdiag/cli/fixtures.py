@@ -53,19 +53,17 @@ def import_gguf(
 
     Example: kvdiag fixtures import-gguf --dtype float32
     """
+    from dataclasses import asdict
+
     from kvdiag.models.gguf_import import import_gguf as run_import
 
     output = Output(as_json)
     result = run_import(gguf, out, dtype)
     if as_json:
-        output.json({"out_dir": str(result.out_dir), "source": str(result.source),
-                     "source_sha256": result.source_sha256, "output_sha256": result.output_sha256,
-                     "architecture": result.architecture, "dtype": result.dtype,
-                     "cache_hit": result.cache_hit})
+        output.json(asdict(result))  # paths as text
         return
     state = "cache hit: already imported, nothing rewritten" if result.cache_hit else "imported"
-    output.out.print(f"{state}: {result.source.name} ({result.architecture}, {result.dtype})",
-                     markup=False)
-    output.out.print(f"source sha256 {result.source_sha256}", markup=False)
-    output.out.print(f"output sha256 {result.output_sha256}", markup=False)
-    output.out.print(str(result.out_dir), markup=False)
+    for line in (f"{state}: {result.source.name} ({result.architecture}, {result.dtype})",
+                 f"source sha256 {result.source_sha256}", f"output sha256 {result.output_sha256}",
+                 str(result.out_dir)):
+        output.out.print(line, markup=False)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from kvdiag.cli.common import JsonOpt, OutOpt, Output, handle_errors
+from kvdiag.cli.common import JsonOpt, OutOpt, Output, ResumeOpt, handle_errors
 
 app = typer.Typer(help="The weekly job across a fleet of targets, fanned out over Ray.",
                   no_args_is_help=True)
@@ -23,8 +23,7 @@ def run(
                                                     "Ray locally and stop it at the end.")] = None,
     num_cpus: Annotated[int | None, typer.Option("--num-cpus", min=1, help="Local Ray only: the "
                                                  "CPUs it may use (default: all).")] = None,
-    resume: Annotated[Path | None, typer.Option("--resume", help="A fleet run directory an earlier "
-                                                "driver left: run only the cells not finished.")] = None,
+    resume: ResumeOpt = None,
     out_dir: OutOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -39,32 +38,16 @@ def run(
 
     Example: kvdiag fleet run fleet.yaml --out reports/fleet-week48
     """
-    from kvdiag.fleet.driver import fleet_dir, run_fleet
-    from kvdiag.fleet.page import write_page
-    from kvdiag.fleet.spec import load_fleet
+    from kvdiag.fleet.driver import fleet_run
 
     out = Output(as_json)
-    fleet = load_fleet(fleet_file)  # every error here, before Ray starts
-    run_dir = resume if resume is not None else fleet_dir(out_dir)
 
     def show(o) -> None:
         if not as_json:
-            note = " (finished earlier)" if o.resumed else ""
-            out.info(f"{o.status:5} {o.cell}{note}: {o.worst}")
+            out.info(f"{o.status:5} {o.cell}{' (finished earlier)' if o.resumed else ''}: {o.worst}")
 
-    outcomes = run_fleet(fleet, run_dir, resume=resume is not None, ray_address=ray_address,
-                         num_cpus=num_cpus, on_cell=show)
-    page = write_page(run_dir)
-    statuses = [o.status for o in outcomes]
-    code = 1 if "FAIL" in statuses else 2 if "ERROR" in statuses else 0
-    if as_json:
-        from dataclasses import asdict
-
-        out.json({"run_dir": str(run_dir), "page": str(page), "cells": [asdict(o) for o in outcomes]})
-    else:
-        counts = ", ".join(f"{statuses.count(s)} {s}" for s in ("PASS", "FAIL", "ERROR") if s in statuses)
-        out.out.print(f"fleet {run_dir}: {counts}; page {page}")
-    raise typer.Exit(code)
+    out.finish(fleet_run(fleet_file, out=out_dir, resume=resume, ray_address=ray_address,
+                         num_cpus=num_cpus, on_cell=show))
 
 
 @app.command("report")

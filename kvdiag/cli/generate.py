@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -50,25 +49,16 @@ def generate(
 
     Example: kvdiag generate --model fixtures/canary --prompt-ids 1,2,3 --json
     """
-    from reference_engine.config import EngineConfig
-    from reference_engine.engine import LLMEngine
-    from reference_engine.loader import has_tokenizer
+    from reference_engine.engine import complete
 
     out = Output(as_json)
     if (prompt is None) == (prompt_ids is None):
         raise KvdiagError("give exactly one of --prompt or --prompt-ids")
-    ids = _parse_ids(prompt_ids) if prompt_ids is not None else None
-    # token ids need no tokenizer (vLLM's skip_tokenizer_init); text does, and says so
-    skip_tokenizer = ids is not None and not has_tokenizer(model)
+    given = prompt if prompt_ids is None else _parse_ids(prompt_ids)
     enable_engine_log()
-    engine = LLMEngine(Path(model), EngineConfig(allocator=allocator, device=device, dtype=dtype,
-                                                 max_num_seqs=1, skip_tokenizer_init=skip_tokenizer))
-    tok = engine.tokenizer
-    if ids is None:
-        ids = tok.encode_chat([{"role": "user", "content": prompt}]) if chat else tok.encode(prompt)
-    (seq,) = engine.generate([ids], max_tokens=max_tokens)
-    text = None if tok is None else tok.decode(seq.output_ids)
+    ids, text = complete(model, given, chat=chat, max_tokens=max_tokens, allocator=allocator,
+                         device=device, dtype=dtype)
     if as_json:
-        out.json({"token_ids": seq.output_ids, "text": text})
+        out.json({"token_ids": ids, "text": text})
     else:
-        out.out.print(" ".join(map(str, seq.output_ids)) if text is None else text, markup=False)
+        out.out.print(" ".join(map(str, ids)) if text is None else text, markup=False)

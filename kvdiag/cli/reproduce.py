@@ -3,7 +3,6 @@ the reference engine, per-round decay, and a gate with an exit code."""
 
 from __future__ import annotations
 
-import os
 from typing import Annotated
 
 import typer
@@ -21,49 +20,18 @@ from kvdiag.cli.common import (
     OutOpt,
     Output,
     SuiteOpt,
-    check_allocators,
     enable_engine_log,
     handle_errors,
-    load_cases,
-    names,
 )
-from kvdiag.errors import KvdiagError
 
-SpacyOpt = Annotated[str | None, typer.Option("--spacy-model", show_default=False, help="An installed "
-                                              "spaCy model for fact-checking. Default: a blank English "
-                                              "pipeline.")]
+SpacyOpt = Annotated[str | None, typer.Option(
+    "--spacy-model", show_default=False, help="An installed spaCy model for fact-checking. "
+    "Default: a blank English pipeline.")]
 AllocatorsOpt = Annotated[list[str] | None, typer.Option(
-    "--allocator", show_default=False, help="Allocator to compare; repeat it or separate names by "
-    "commas (prefix-cache, stale-hash/buggy, stale-bytes, unchained-hash, salt-collision, guarded, "
-    "guarded:NAME, vllm). Default: the suite's, e.g. buggy,guarded.")]
+    "--allocator", show_default=False, help="Allocators to compare, repeated or comma-separated: "
+    "prefix-cache, stale-hash/buggy, stale-bytes, unchained-hash, salt-collision, guarded, "
+    "guarded:NAME, vllm. Default: the suite's, e.g. buggy,guarded.")]
 HiddenList = Annotated[str | None, typer.Option(hidden=True)]
-
-
-def run(kind: str, suite: str, cases, allocators, model, device, dtype, spacy_model, out_dir,
-        out: Output, check_integrity: bool = False, amend=None, no_cache: bool = False):
-    """Validate everything, run the suite, `amend` the result (verify's gate), finish the
-    run directory: a RunResult."""
-    from kvdiag.lifecycle import finish_run
-    from kvdiag.pipeline import run_suite, total_requests
-    from kvdiag.runs import RunDir, Timer
-
-    timer = Timer()
-    check_allocators([a for a in allocators or [] if a != "vllm"])
-    loaded, chosen = load_cases(suite, cases)
-    if model is not None and not model.is_dir():
-        raise KvdiagError(f"--model {model}: not a model directory")
-    run_dir = RunDir.begin(out_dir, loaded.name)
-    if check_integrity:
-        os.environ["KVDIAG_CHECK_INTEGRITY"] = "1"
-    enable_engine_log()
-    with out.progress("running", total_requests(loaded, chosen, allocators)) as update:
-        result = run_suite(loaded, chosen, allocators=allocators, model=model, device=device,
-                           dtype=dtype, spacy_model=spacy_model, kind=kind, use_cache=not no_cache,
-                           progress=lambda n: update(advance=n),
-                           on_case=lambda name: update(description=f"case {name}"))
-    if amend is not None:
-        amend(result)
-    return finish_run(result, run_dir, timer)
 
 
 @handle_errors
@@ -85,28 +53,29 @@ def reproduce(
     """Reproduce KV block-reuse corruption: the suite's sessions through the contiguous
     reference and through the paged engine under each allocator, per round.
 
-    Prints a per-round table (reuse, leakage, BLEU-4, fact-check, foreign slots) and a
-    verdict, and writes results.parquet, summary.json and report.html into a new run
-    directory. Exit code: 0 every allocator expected clean (guarded, prefix-cache, every
-    ablation) stayed flat and every faulty one showed its corruption; 1 a clean allocator
-    did not stay flat; 2 bad input, or the trigger was not reproduced (a faulty allocator
-    showed nothing: the run proves nothing).
+    Prints a table per round (reuse, leakage, BLEU-4, fact-check, foreign slots) and a verdict;
+    writes results.parquet, summary.json and report.html into a new run directory. Exit code:
+    0 every allocator expected clean (guarded, prefix-cache, ablations) stayed flat and every
+    faulty one showed its corruption; 1 a clean one did not stay flat; 2 bad input, or the
+    trigger was not reproduced (a faulty allocator showed nothing: the run proves nothing).
 
     Example: kvdiag reproduce --case trigger --allocator buggy,guarded
     """
+    from kvdiag.pipeline import reproduce as run
+
     out = Output(as_json)
-    chosen = names((case or []) + ([cases] if cases else []))
-    result = run("reproduce", suite, chosen, names((allocator or []) + ([allocators] if allocators else [])),
-                 model, device, dtype, spacy_model, out_dir, out, check_integrity,
-                 no_cache=no_reference_cache)
-    out.finish(result)
+    enable_engine_log()
+    out.finish(run(suite, (case or []) + ([cases] if cases else []),
+                   (allocator or []) + ([allocators] if allocators else []), model=model,
+                   device=device, dtype=dtype, spacy_model=spacy_model, out_dir=out_dir,
+                   check_integrity=check_integrity, use_cache=not no_reference_cache,
+                   progress=out.progress))
 
 
 @handle_errors
 def verify(
-    expect_guard: Annotated[bool, typer.Option("--expect-guard", help="Gate: pass only if the "
-                                               "allocator logged the guard and stayed flat in "
-                                               "every round.")] = False,
+    expect_guard: Annotated[bool, typer.Option("--expect-guard", help="Gate: pass only if the guard "
+                                               "was logged and held in every round.")] = False,
     expect_bug: Annotated[bool, typer.Option("--expect-bug", help="Positive control: pass only if "
                                              "the fault is detected.")] = False,
     allocator: AllocatorOpt = "guarded",
@@ -130,20 +99,13 @@ def verify(
 
     Example: kvdiag verify --expect-guard --allocator guarded --suite smoke
     """
-    from kvdiag.verdicts import gate_verdict
+    from kvdiag.errors import KvdiagError
+    from kvdiag.pipeline import verify as run
 
     out = Output(as_json)
     if expect_guard == expect_bug:
         raise KvdiagError("give exactly one of --expect-guard or --expect-bug")
-    check_allocators([allocator])
-    _, (chosen,) = load_cases(suite, case, one=True)
-    pair = [allocator] if allocator == "guarded" else [allocator, "guarded"]
-
-    def amend(result) -> None:  # verify's own verdict is the run's, in summary.json too
-        gate = gate_verdict(result.summary, result.extra["engine_log"], chosen.name, allocator,
-                            expect_guard)
-        result.summary |= {"gate": gate, "run_verdict": result.summary["verdict"],
-                           "verdict": "pass" if gate["passed"] else "fail"}
-
-    out.finish(run("verify", suite, [chosen.name], pair, model, device, dtype, None, out_dir, out,
-                   check_integrity, amend, no_reference_cache))
+    enable_engine_log()
+    out.finish(run(allocator, expect_guard, suite, case, model=model, device=device, dtype=dtype,
+                   out_dir=out_dir, check_integrity=check_integrity,
+                   use_cache=not no_reference_cache, progress=out.progress))

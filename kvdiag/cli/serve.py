@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -42,10 +41,9 @@ def serve(
         "--max-body-bytes", min=1, help="Largest request body; a larger one gets 413 "
         "(default: 1 MiB, or 32 bytes per token of --max-model-len if that is more).")] = None,
     api_key: Annotated[str | None, typer.Option(
-        "--api-key", envvar="KVDIAG_API_KEY", show_default=False,
-        help="Require 'Authorization: Bearer KEY' on every endpoint except /health and "
-        "/metrics, which stay open (401 otherwise). Prefer the environment variable: a "
-        "command line is visible to other users.")] = None,
+        "--api-key", envvar="KVDIAG_API_KEY", show_default=False, help="Require 'Authorization: "
+        "Bearer KEY' (401 otherwise) on all but /health and /metrics, which stay open. Prefer the "
+        "environment variable: a command line is visible to other users.")] = None,
 ) -> None:
     """Serve the reference engine over an OpenAI-compatible API (FastAPI + uvicorn).
 
@@ -57,19 +55,12 @@ def serve(
 
     Example: kvdiag serve --allocator guarded --port 8000
     """
-    import uvicorn
-
     from reference_engine.config import EngineConfig
-    from reference_engine.engine import LLMEngine
-    from reference_engine.server import create_app
+    from reference_engine.server import serve as run_server
 
     enable_engine_log()
     config = EngineConfig(allocator=allocator, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
                           max_model_len=max_model_len, enable_prefix_caching=not no_prefix_caching,
                           device=device, dtype=dtype, recycled_block_fill=recycled_block_fill)
-    engine = LLMEngine(Path(model), config)
-    name = served_model_name or Path(model).name
-    app = create_app(engine, name, max_body_bytes=max_body_bytes, api_key=api_key or None)
-    auth = ", API key required" if api_key else ""  # never the key itself
-    Output().info(f"serving {name} ({allocator}) on http://{host}:{port}{auth}")
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    run_server(model, config, host=host, port=port, served_model_name=served_model_name,
+               max_body_bytes=max_body_bytes, api_key=api_key, announce=Output().info)

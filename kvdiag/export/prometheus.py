@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -128,7 +129,10 @@ def render(history: Path, suite: str | None = None) -> bytes:
 def write_textfile(directory: Path, history: Path, suite: str | None = None,
                    name: str = TEXTFILE_NAME) -> Path:
     """DIRECTORY/kvdiag.prom for node_exporter's textfile collector: written to a dot-file
-    the collector ignores, synced, then renamed over the old one (never read half-written)."""
+    the collector ignores, synced, then renamed over the old one (never read half-written).
+    A missing history is refused (FileNotFoundError)."""
+    if not Path(history).exists():
+        raise FileNotFoundError(f"{history}: no history yet (kvdiag regress --history {history} makes one)")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     path, tmp = directory / name, directory / f".{name}.{os.getpid()}.tmp"
@@ -148,3 +152,17 @@ def start_exporter(port: int, history: Path, addr: str = "127.0.0.1", suite: str
     registry = CollectorRegistry(auto_describe=False)
     registry.register(HistoryCollector(history, suite))
     return start_http_server(port, addr=addr, registry=registry)
+
+
+def serve_forever(port: int, history: Path, addr: str = "127.0.0.1", suite: str | None = None,
+                  announce: Callable[[str], None] = print) -> None:
+    """start_exporter, tell `announce` its URL, and serve until interrupted (Ctrl-C stops
+    the server and returns)."""
+    import threading
+
+    server, _ = start_exporter(port, history, addr=addr, suite=suite)
+    announce(f"http://{addr}:{server.server_port}/metrics")
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        server.shutdown()

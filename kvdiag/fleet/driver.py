@@ -47,6 +47,40 @@ class Outcome:
     resumed: bool = False  # finished by an earlier driver
 
 
+@dataclass
+class FleetResult:
+    """A finished fleet run, rendered and exited on like any run (kind, exit_code, as_json)."""
+    run_dir: Path
+    page: Path
+    outcomes: list[Outcome]
+    kind: str = "fleet"
+
+    @property
+    def exit_code(self) -> int:
+        """0 every cell passed; 1 a cell failed; 2 no cell failed but one could not be measured."""
+        statuses = {o.status for o in self.outcomes}
+        return 1 if "FAIL" in statuses else 2 if "ERROR" in statuses else 0
+
+    def as_json(self) -> dict:
+        return {"run_dir": str(self.run_dir), "page": str(self.page),
+                "cells": [asdict(o) for o in self.outcomes]}
+
+
+def fleet_run(fleet_file: Path, *, out: Path | None = None, resume: Path | None = None,
+              ray_address: str | None = None, num_cpus: int | None = None,
+              on_cell: Callable[[Outcome], None] = lambda o: None) -> FleetResult:
+    """kvdiag fleet run, start to finish: FLEET.yaml checked entirely before Ray starts, the
+    run directory (new, or the one to `resume`), every cell not finished yet, fleet.html."""
+    from kvdiag.fleet.page import write_page
+    from kvdiag.fleet.spec import load_fleet
+
+    fleet = load_fleet(fleet_file)  # every error here, before Ray starts
+    run_dir = resume if resume is not None else fleet_dir(out)
+    outcomes = run_fleet(fleet, run_dir, resume=resume is not None, ray_address=ray_address,
+                         num_cpus=num_cpus, on_cell=on_cell)
+    return FleetResult(run_dir, write_page(run_dir), outcomes)
+
+
 def fleet_dir(out: Path | None) -> Path:
     from datetime import datetime, timezone
 

@@ -143,6 +143,13 @@ def runs(path: Path, suite: str | None = None, target: str | None = None, last: 
     return frame.iloc[::-1].reset_index(drop=True)
 
 
+def trend(path: Path, run_dir: Path, last: int = 52):
+    """The last `last` runs of RUN_DIR's suite: the trend a run's report shows."""
+    from kvdiag.runs import read_summary
+
+    return runs(path, suite=read_summary(run_dir).get("suite"), last=last)
+
+
 def rounds_of(path: Path, run_ids: list[str]):
     import pandas as pd
 

@@ -1,15 +1,18 @@
 """One regression run, start to finish (what `kvdiag regress` does), as library calls:
 
+    serving()   start a vllm-local target's server for the run (other targets pass)
     prepare()   load the suite, parse the target, check every output path is writable,
                 build the baseline key and find the baseline -- a key mismatch raises
-                KeyMismatch here, before anything runs -- and open the run directory
+                KeyMismatch here, before anything runs (its JUnit XML written) -- and
+                open the run directory
     execute()   run the suite (reference engine or live probe), measure the series under
                 test, compare with the baseline, finish the run directory (results,
                 summary, report with the trend: kvdiag.lifecycle.finish_run), write the
                 JUnit XML, and only then append the run to the history (one transaction),
                 so no history row ever points at an unfinished run
 
-Returns data; the CLI renders it and chooses the exit code.
+`run()` is the three in a row, as `kvdiag regress` does them. Returns data; the CLI renders
+it and chooses the exit code.
 """
 
 from __future__ import annotations
@@ -17,17 +20,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvdiag.errors import KvdiagError
+from kvdiag.lifecycle import no_progress
 from kvdiag.regress import baselines as B
 from kvdiag.regress import history as H
 from kvdiag.regress.compare import Check, Tolerances, compare, ground_truth, regressed_rounds
 from kvdiag.regress.keys import BaselineKey, endpoint_key, reference_key
 from kvdiag.runs import RunDir, check_writable
-from kvdiag.targets import Target, parse_target
+from kvdiag.suites import load_cases
+from kvdiag.targets import Target, parse_target, running
 
 
 @dataclass
@@ -35,7 +41,7 @@ class Options:
     suite: str
     target: str
     model: str | None = None
-    cases: str | None = None
+    cases: str | list[str] | None = None  # as kvdiag.suites.names reads them
     baseline: Path = B.DEFAULT_PATH
     history: Path = H.DEFAULT_PATH
     junit: Path | None = None
@@ -78,21 +84,58 @@ class Result:
     def exit_code(self) -> int:
         return 0 if self.verdict == "pass" else 1
 
+    def as_json(self) -> dict:
+        """What `kvdiag regress --json` prints: the verdict, the run and the comparison."""
+        return {"verdict": self.verdict, "run_dir": str(self.run_dir),
+                "cold_cache": self.summary.get("cold_cache"), **self.summary["regress"]}
+
+
+def run(opts: Options, *, info: Callable[[str], None] = lambda _: None,
+        warn: Callable[[str], None] = lambda _: None,
+        progress: Callable[..., AbstractContextManager] = no_progress) -> Result:
+    """serving(), prepare() and execute(): the whole regression run. `warn` is told when there
+    is no baseline of the suite and when a live server refused to empty its prefix cache;
+    `progress` as kvdiag.lifecycle.no_progress takes it."""
+    with serving(opts, info) as opts:
+        p = prepare(opts)
+        if p.baseline is None:
+            warn(f"{opts.baseline}: no baseline of suite {p.suite.name}; only the run's own "
+                 "ground-truth check gates (record one with `kvdiag baseline update RUN_DIR`)")
+        with p.run, progress(f"regress {p.target.spec}") as update:
+            result = execute(p, opts, progress=update)
+        if not result.summary.get("cold_cache", True):
+            warn(f"{opts.target} refused POST /reset_prefix_cache: the run began on a warm cache, "
+                 "so BRAI was not compared with the baseline")
+        return result
+
+
+@contextmanager
+def serving(opts: Options, info: Callable[[str], None] = lambda _: None) -> Iterator[Options]:
+    """`opts` while its target can be reached: a vllm-local target's server runs on the case
+    the run measures (log in a temporary directory, attached to the run); others pass."""
+    target = parse_target(opts.target)
+    if not target.is_vllm_local:
+        yield opts
+        return
+    import tempfile
+
+    suite, (case,) = load_cases(opts.suite, opts.cases, one=True)
+    logs = Path(tempfile.mkdtemp(prefix="kvdiag-vllm-"))
+    with running(target, suite, case, opts.model, logs, info) as (started, served):
+        yield dataclasses.replace(opts, live_url=started.url, model=served, cases=case.name,
+                                  attach=[logs / "vllm.log"])
+
 
 def prepare(opts: Options) -> Prepared:
     from kvdiag.paths import CANARY
-    from kvdiag.suites import load_suite
 
-    suite = load_suite(opts.suite)
+    suite, cases = load_cases(opts.suite, opts.cases)
     target = parse_target(opts.target)
     if target.is_vllm_local:
         if not opts.live_url:
             raise KvdiagError(f"--target {target.spec}: its server is not running (start it with "
                               "kvdiag.targets.live)")
         target = dataclasses.replace(target, url=opts.live_url)
-    cases = suite.select(opts.cases)
-    if not cases:
-        raise KvdiagError(f"{suite.path}: no case selected by {opts.cases!r}")
     if target.is_reference:
         model_dir = Path(opts.model or suite.model or CANARY)
         if not model_dir.is_dir():
@@ -108,7 +151,15 @@ def prepare(opts: Options) -> Prepared:
         key = endpoint_key(suite, target.url, opts.model, opts.api_key, opts.flags)
     check_writable(opts.history, "--history")
     check_writable(opts.junit, "--junit")
-    baseline = B.find(opts.baseline, key, [c.name for c in cases])
+    try:
+        baseline = B.find(opts.baseline, key, [c.name for c in cases])
+    except B.KeyMismatch as e:
+        if opts.junit is not None:
+            from kvdiag.regress.junit import junit_xml, write_junit
+
+            write_junit(opts.junit, junit_xml(e.key.suite, opts.target, [], error=str(e), properties={
+                "key_id": e.key.id, "baseline_key_id": e.nearest.id}))
+        raise
     run = RunDir.begin(opts.out, f"regress-{suite.name}")
     return Prepared(suite, cases, target, key, baseline, model_dir, run)
 

@@ -25,6 +25,17 @@ CACHE_FLAGS = ("block_size", "cache_dtype", "enable_prefix_caching", "prefix_cac
                "kv_cache_dtype", "sliding_window", "calculate_kv_scales")
 
 
+def parse_flags(values: list[str] | None) -> dict:
+    """--flag NAME=VALUE strings as {NAME: VALUE}; ValueError names a malformed one."""
+    flags = {}
+    for v in values or []:
+        name, sep, value = v.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"--flag {v!r}: expected NAME=VALUE")
+        flags[name.strip()] = value.strip()
+    return flags
+
+
 @dataclass(frozen=True)
 class BaselineKey:
     engine: str

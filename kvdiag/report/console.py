@@ -34,9 +34,9 @@ class Output:
         self.err.print(f"[bold red]error:[/] {message}", markup=True)
 
     def result(self, result) -> None:
-        """A finished run: its summary as JSON, or its kind's terminal renderer."""
+        """A finished run: as JSON (its as_json()), or by its kind's terminal renderer."""
         if self.as_json:
-            self.json(result.summary | {"run_dir": str(result.run_dir)})
+            self.json(result.as_json())
             return
         from kvdiag.report.terminal import render
 

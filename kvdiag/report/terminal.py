@@ -217,8 +217,48 @@ def _regress(result) -> list:
     return lines
 
 
+def _isolation(result) -> list:
+    """The attacker's correct vs wrong guesses per (configuration, length), then the verdict."""
+    from rich.table import Table
+
+    iso = result.extra["isolation"]
+    table = Table(title="the attacker's correct (ok) vs wrong (bad) guesses", title_justify="left")
+    for col in ("config", "tokens", "cached ok/bad", "TTFT ok/bad ms", "AUC", "p", "told apart"):
+        table.add_column(col, justify="left" if col == "config" else "right")
+    for c in sorted(iso.cells, key=lambda c: (c["config"], c["length"])):
+        told = {(True, True): "both", (True, False): "content", (False, True): "timing"}.get(
+            (c["content_leak"], c["timing_leak"]), "no")
+        table.add_row(c["config"], str(c["length"]), f"{c['cached_correct_mean']:.0f} / {c['cached_wrong_mean']:.0f}",
+                      f"{c['ttft_correct_median_s'] * 1e3:.0f} / {c['ttft_wrong_median_s'] * 1e3:.0f}",
+                      f"{c['auc']:.2f}", f"{c['p_value']:.2g}", told)
+    lines: list = [table]
+    exposed = sorted((c for c in iso.cells if c["config"] == "no-salt" and c["leaks"]),
+                     key=lambda c: c["length"])
+    if exposed:
+        worst = exposed[-1]
+        lines.append(f"exposure without salts (not judged): prefixes told apart at "
+                     f"{', '.join(str(c['length']) for c in exposed)} tokens; at {worst['length']}: "
+                     f"AUC {worst['auc']:.2f}, cached {worst['cached_correct_mean']:.0f} vs "
+                     f"{worst['cached_wrong_mean']:.0f}")
+    return lines + [f"[bold {COLOURS.get(iso.verdict, 'yellow')}]{iso.verdict.upper()}[/]: {iso.reason}",
+                    f"{iso.requests} requests, {iso.wall_seconds:.1f} s; run directory {result.run_dir}"]
+
+
+def _fleet(result) -> list:
+    statuses = [o.status for o in result.outcomes]
+    counts = ", ".join(f"{statuses.count(s)} {s}" for s in ("PASS", "FAIL", "ERROR") if s in statuses)
+    return [f"fleet {result.run_dir}: {counts}; page {result.page}"]
+
+
 HISTORY_COLUMNS = ("created", "run_id", "suite", "target", "engine", "engine_version", "model",
                    "verdict", "sqdr", "brai", "divergence_ratio", "key_id", "run_dir")
+
+
+def history_records(frame) -> list[dict]:
+    """The history's rows as `kvdiag history --json` prints them (HISTORY_COLUMNS)."""
+    import json
+
+    return json.loads(frame[list(HISTORY_COLUMNS)].to_json(orient="records"))
 
 
 def history_table(frame, title: str):
@@ -235,4 +275,4 @@ def history_table(frame, title: str):
 
 
 RENDERERS = {"reproduce": _reproduce, "verify": _verify, "probe": _probe, "audit": _audit,
-             "regress": _regress}
+             "regress": _regress, "isolation": _isolation, "fleet": _fleet}

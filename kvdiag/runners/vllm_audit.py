@@ -1,10 +1,15 @@
 """The vLLM audit as data: a trace (recorded, or made from a suite case and the contiguous
 reference) replayed through vLLM's KVCacheManager and through one of our allocators, turned
 into the same records, summary and verdict as a reproduce run, so report, verify and regress
-read it unchanged. Library code: returns data, prints nothing."""
+read it unchanged; `audit_run` does it from `kvdiag audit-vllm`'s options to a finished run
+directory. Library code: returns data, prints nothing."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
+from kvdiag.errors import KvdiagError
 from kvdiag.lifecycle import RunResult
 from kvdiag.runners.records import Record
 from kvdiag.runners.trace import Trace
@@ -15,8 +20,6 @@ from kvdiag.vocab import CONTIGUOUS, VLLM
 def trace_for_case(suite, case, model=None, device: str = "cpu", dtype: str | None = None) -> Trace:
     """Plan the case with the model's tokenizer and run the contiguous reference for the
     outputs every replay teacher-forces."""
-    from pathlib import Path
-
     from kvdiag.paths import CANARY
     from kvdiag.runners.plan import plan_case
     from kvdiag.runners.reference import run_case
@@ -115,3 +118,37 @@ def audit_trace(trace: Trace, *, compare: str | None = "prefix-cache", explain: 
     if summary["vllm_audit"]["corrupted"]:
         summary["verdict"] = FAIL
     return RunResult("audit", frame, summary, extra={"vllm": result, "ours": ours, "stages": stages})
+
+
+def audit_run(suite: str, case: str | None = None, *, trace: Path | None = None,
+              write_trace: Path | None = None, compare: str = "prefix-cache",
+              model: Path | None = None, device: str = "cpu", out_dir: Path | None = None,
+              info: Callable[[str], None] = lambda _: None) -> RunResult:
+    """kvdiag audit-vllm, start to finish: the recorded `trace`, or the trace of the suite's
+    `case` (planned, and the contiguous reference run), saved to `write_trace` if given,
+    audited with `compare` ('none': no allocator of ours) into a finished run directory."""
+    from kvdiag.lifecycle import finish_run
+    from kvdiag.runners.trace import read_trace
+    from kvdiag.runners.trace import write_trace as save_trace
+    from kvdiag.runs import RunDir, Timer
+    from kvdiag.suites import load_cases
+    from kvdiag.targets import check_allocator
+
+    timer = Timer()
+    compare = None if compare == "none" else check_allocator(compare)  # before any work
+    if trace is not None:
+        if case is not None:
+            raise KvdiagError("give --trace or --case, not both")
+        recorded, label, seed = read_trace(trace), f"trace:{trace.name}", 0
+    else:
+        loaded, (chosen,) = load_cases(suite, case, one=True)
+        info(f"planning {loaded.name}/{chosen.name} and running the contiguous reference ...")
+        recorded = trace_for_case(loaded, chosen, model=model, device=device)
+        label = "canary" if model is None and loaded.model is None else str(model or loaded.model)
+        seed = loaded.seed
+    if write_trace is not None:
+        save_trace(recorded, write_trace)
+        info(f"trace written to {write_trace}")
+    with RunDir.begin(out_dir, recorded.config.suite) as run:
+        result = audit_trace(recorded, compare=compare, model_label=label, seed=seed)
+    return finish_run(result, run, timer)
