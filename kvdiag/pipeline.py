@@ -118,7 +118,7 @@ def reproduce(suite: str, cases: list[str] | None = None, allocators: list[str] 
     run_dir = RunDir.begin(out_dir, loaded.name)
     if check_integrity:
         os.environ["KVDIAG_CHECK_INTEGRITY"] = "1"
-    with progress("running", total_requests(loaded, chosen, allocators)) as update:
+    with run_dir, progress("running", total_requests(loaded, chosen, allocators)) as update:
         result = run_suite(loaded, chosen, allocators=allocators, model=model, device=device,
                            dtype=dtype, spacy_model=spacy_model, kind=kind, use_cache=use_cache,
                            progress=lambda n: update(advance=n),

@@ -37,6 +37,7 @@ class _Submission:
     seq: Sequence | None = None
     sent: int = 0
     aborted: bool = False  # set on the event loop; the engine thread drops the request
+    lora_name: str | None = None  # the adapter the request names (a hash key only)
 
 
 def trim_heap() -> None:
@@ -105,12 +106,12 @@ class AsyncEngine:
         self._thread.join(timeout=5)
 
     def submit(self, prompt_ids: list[int], max_tokens: int, cache_salt: str | None,
-               logprobs: int | None) -> RequestStream:
+               logprobs: int | None, lora_name: str | None = None) -> RequestStream:
         """Validate now (raises on bad input, before any response starts), queue the request,
         and return its RequestStream. Call on the event loop."""
         self.engine.validate(prompt_ids, max_tokens, cache_salt)
         sub = _Submission(prompt_ids, max_tokens, cache_salt, logprobs, asyncio.get_running_loop(),
-                          asyncio.Queue())
+                          asyncio.Queue(), lora_name=lora_name)
         self._inbox.put(sub)
         self._wake.set()
         return RequestStream(self, sub)
@@ -158,7 +159,8 @@ class AsyncEngine:
             try:
                 with self.lock:
                     sub.seq = self.engine.add_request(sub.prompt_ids, sub.max_tokens,
-                                                      cache_salt=sub.cache_salt)
+                                                      cache_salt=sub.cache_salt,
+                                                      lora_name=sub.lora_name)
             except Exception as e:
                 sub.loop.call_soon_threadsafe(sub.events.put_nowait, e)
                 continue

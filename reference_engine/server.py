@@ -54,10 +54,12 @@ def default_max_body_bytes(max_model_len: int) -> int:
 
 
 def create_app(engine: LLMEngine, model_name: str, *, max_body_bytes: int | None = None,
-               api_key: str | None = None) -> FastAPI:
+               api_key: str | None = None, lora_modules: tuple[str, ...] = ()) -> FastAPI:
     """The server's app. Bodies over max_body_bytes get 413 (default:
     default_max_body_bytes); with api_key set, all but /health and /metrics need
-    `Authorization: Bearer api_key`."""
+    `Authorization: Bearer api_key`. `lora_modules`: adapter names a request may give as
+    its model, as with vLLM's --lora-modules. The engine has no adapter weights: the name
+    only enters the request's block hashes (what the salt-collision fault mixes up)."""
     app = FastAPI(title="kvdiag reference engine", version="0.1.0")
     limit = max_body_bytes or default_max_body_bytes(engine.max_model_len)
     app.add_middleware(HttpGuard, max_body_bytes=limit, api_key=api_key)
@@ -99,9 +101,12 @@ def create_app(engine: LLMEngine, model_name: str, *, max_body_bytes: int | None
         return error(500, f"internal error: {type(exc).__name__}", kind="internal_server_error")
 
     def check_model(name: str | None):
-        if name is not None and name != model_name:
+        if name is not None and name != model_name and name not in lora_modules:
             return error(404, f"The model `{name}` does not exist.", kind="NotFoundError", param="model")
         return None
+
+    def adapter(name: str | None) -> str | None:
+        return name if name in lora_modules else None
 
     async def parse(request: Request, model):
         body = await request.body()
@@ -113,9 +118,12 @@ def create_app(engine: LLMEngine, model_name: str, *, max_body_bytes: int | None
 
     @app.get("/v1/models")
     def models():
+        now = int(time.time())
         return {"object": "list", "data": [{
-            "id": model_name, "object": "model", "created": int(time.time()), "owned_by": "kvdiag",
-            "root": str(engine.checkpoint.path.name), "max_model_len": engine.max_model_len}]}
+            "id": model_name, "object": "model", "created": now, "owned_by": "kvdiag",
+            "root": str(engine.checkpoint.path.name), "max_model_len": engine.max_model_len}] + [{
+            "id": name, "object": "model", "created": now, "owned_by": "kvdiag", "root": name,
+            "parent": model_name, "max_model_len": engine.max_model_len} for name in lora_modules]}
 
     @app.post("/tokenize", openapi_extra=body_schemas(TokenizeRequest))
     async def tokenize(request: Request):
@@ -163,7 +171,7 @@ def create_app(engine: LLMEngine, model_name: str, *, max_body_bytes: int | None
             return bad
         ids = (list(req.prompt) if isinstance(req.prompt, list)
                else await off_loop(encode_text, tok, req.prompt, engine.max_model_len))
-        stream = core.submit(ids, req.max_tokens or 16, req.cache_salt, req.logprobs)
+        stream = core.submit(ids, req.max_tokens or 16, req.cache_salt, req.logprobs, adapter(req.model))
         rid = f"cmpl-{uuid.uuid4().hex}"
         if req.stream:
             return sse(completion_chunks(rid, model_name, stream, tok, req.logprobs), stream)
@@ -179,7 +187,7 @@ def create_app(engine: LLMEngine, model_name: str, *, max_body_bytes: int | None
                              req.add_generation_prompt, engine.max_model_len)
         top = (req.top_logprobs or 0) if req.logprobs else None
         limit = req.max_completion_tokens or req.max_tokens or engine.max_model_len - len(ids)
-        stream = core.submit(ids, max(1, limit), req.cache_salt, top)
+        stream = core.submit(ids, max(1, limit), req.cache_salt, top, adapter(req.model))
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         if req.stream:
             return sse(chat_chunks(rid, model_name, stream, tok, top), stream)
@@ -191,14 +199,15 @@ def create_app(engine: LLMEngine, model_name: str, *, max_body_bytes: int | None
 
 def serve(model: str | Path, config: EngineConfig, *, host: str = "127.0.0.1", port: int = 8000,
           served_model_name: str | None = None, max_body_bytes: int | None = None,
-          api_key: str | None = None, announce: Callable[[str], None] = print) -> None:
+          api_key: str | None = None, lora_modules: tuple[str, ...] = (),
+          announce: Callable[[str], None] = print) -> None:
     """Load `model` into an engine and serve it with uvicorn until interrupted, as
     `served_model_name` (default: the directory's name); `announce` is told where."""
     import uvicorn
 
     name = served_model_name or Path(model).name
     app = create_app(LLMEngine(Path(model), config), name, max_body_bytes=max_body_bytes,
-                     api_key=api_key or None)
+                     api_key=api_key or None, lora_modules=tuple(lora_modules))
     auth = ", API key required" if api_key else ""  # never the key itself
     announce(f"serving {name} ({config.allocator}) on http://{host}:{port}{auth}")
     uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -14,7 +14,7 @@ import typer
 from kvdiag.errors import KvdiagError
 from kvdiag.paths import CANARY
 from kvdiag.report.console import Output, enable_engine_log  # noqa: F401  (what commands use)
-from reference_engine.errors import EngineError
+from reference_engine.errors import EngineError, IntegrityError
 
 EXIT_PASS, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
 DEFAULT_MODEL, DEFAULT_HISTORY = CANARY, Path("reports/history.sqlite")
@@ -86,5 +86,8 @@ def handle_errors(fn):
         except KeyboardInterrupt:
             Output().error("interrupted")
             raise typer.Exit(EXIT_ERROR) from None
+        except IntegrityError as e:  # --check-integrity caught the engine corrupting its cache
+            Output().error(f"integrity check failed: {e}")
+            raise typer.Exit(EXIT_FAIL) from None
 
     return wrapper

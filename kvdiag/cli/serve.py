@@ -44,6 +44,10 @@ def serve(
         "--api-key", envvar="KVDIAG_API_KEY", show_default=False, help="Require 'Authorization: "
         "Bearer KEY' (401 otherwise) on all but /health and /metrics, which stay open. Prefer the "
         "environment variable: a command line is visible to other users.")] = None,
+    lora_modules: Annotated[list[str] | None, typer.Option(
+        "--lora-modules", show_default=False, help="An adapter name requests may give as their "
+        "model, as in vLLM (repeatable). No adapter weights are loaded: the name enters the "
+        "request's block hashes only.")] = None,
 ) -> None:
     """Serve the reference engine over an OpenAI-compatible API (FastAPI + uvicorn).
 
@@ -63,4 +67,5 @@ def serve(
                           max_model_len=max_model_len, enable_prefix_caching=not no_prefix_caching,
                           device=device, dtype=dtype, recycled_block_fill=recycled_block_fill)
     run_server(model, config, host=host, port=port, served_model_name=served_model_name,
-               max_body_bytes=max_body_bytes, api_key=api_key, announce=Output().info)
+               max_body_bytes=max_body_bytes, api_key=api_key, lora_modules=tuple(lora_modules or ()),
+               announce=Output().info)

@@ -61,6 +61,7 @@ def test_probe_finds_corruption_on_the_buggy_server_and_resumes(tmp_path, in_pro
         proc.wait()
         kept = [json.loads(line) for line in rounds.read_text().splitlines() if line.strip()]
         assert len(kept) >= 60 and not out.exists()
+        at_kill = _queries(url)
         run = subprocess.run(_probe(url, out, "--resume", str(out), "--json"), capture_output=True,
                              text=True, timeout=900)
     assert run.returncode == 1, run.stderr[-2000:]
@@ -71,11 +72,21 @@ def test_probe_finds_corruption_on_the_buggy_server_and_resumes(tmp_path, in_pro
     assert summary["verdict"] == "fail" and summary["corruption_rounds"]
     assert all(1 <= n <= 12 for n in summary["corruption_rounds"])
     # the server's cache statistics cover the whole run, not only the resumed part: the
-    # counters kept are those of the fresh server, before the first attempt's first request
+    # counters kept are those from before the first attempt's rounds
     kept_before = json.loads((out / "probe.json").read_text())["metrics_before"]
-    assert kept_before.get("vllm:prefix_cache_queries_total", 0) == 0
+    assert kept_before["vllm:prefix_cache_queries_total"] < at_kill
     assert summary["server_prefix_cache"]["hit_rate"] is not None
     assert in_process["faults"]["trigger/buggy"]  # the in-process runner agrees
+
+
+def _queries(url: str) -> float:
+    """The server's prefix-cache query counter now."""
+    import httpx
+
+    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
+        if line.startswith("vllm:prefix_cache_queries_total"):
+            return float(line.split()[-1])
+    raise AssertionError("no vllm:prefix_cache_queries_total in /metrics")
 
 
 def test_probe_against_a_dead_server_exits_2(tmp_path):

@@ -3,6 +3,7 @@ decaying, and the gate's exit codes (CliRunner and a real subprocess)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -143,3 +144,26 @@ def test_verify_as_a_subprocess(tmp_path):
 def test_verify_gates_on_the_default_suite_as_a_subprocess(tmp_path, args, code):
     run = _kvdiag("verify", *args, "--out", str(tmp_path / "v"))
     assert run.returncode == code, run.stdout + run.stderr
+
+
+def test_check_integrity_stops_buggy_at_its_first_stale_entry(tmp_path):
+    """--check-integrity checks the allocator after every engine step: the stale-hash fault
+    stops the run at its first stale entry, one line naming the block and its generations,
+    exit 1, and no run directory is left behind."""
+    run = _kvdiag("reproduce", "--suite", "smoke", "--allocator", "buggy", "--check-integrity",
+                  "--out", str(tmp_path / "run"))
+    assert run.returncode == 1, run.stdout + run.stderr
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error")]
+    assert len(errors) == 1 and "Traceback" not in run.stderr
+    assert re.search(r"stale hash entry \w+: block \d+ was cached at generation \d+ .* "
+                     r"\(now generation \d+\)", errors[0]), errors[0]
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow  # ~3 min: three allocators on the default case with the check on
+def test_check_integrity_on_the_default_case(tmp_path):
+    clean = _kvdiag("reproduce", "--allocator", "guarded,prefix-cache", "--check-integrity",
+                    "--out", str(tmp_path / "clean"))
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    buggy = _kvdiag("reproduce", "--allocator", "buggy", "--check-integrity", "--out", str(tmp_path / "b"))
+    assert buggy.returncode == 1 and "stale hash entry" in buggy.stderr, buggy.stderr[-2000:]
