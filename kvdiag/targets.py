@@ -107,13 +107,15 @@ def vllm_pool(suite, case, model_dir: Path) -> int:
 
 @contextmanager
 def live(target: Target, suite, case, model_dir: Path, log_dir: Path,
-         serve_reference: bool = False) -> Iterator[tuple[Target, str]]:
-    """Start the server of a vllm-local target (log kept in log_dir/vllm.log) and yield
-    (the target with its URL, the served model name). With `serve_reference`, a
-    reference:ALLOCATOR target is served the same way by `kvdiag serve` (for runs that only
-    talk HTTP: isolation); other targets pass through."""
+         serve_reference: bool = False, serve_args: tuple[str, ...] = ()
+         ) -> Iterator[tuple[Target, str]]:
+    """Start the server of a vllm-local target (log kept in log_dir/vllm.log; its pool sized
+    from `suite` and `case`, or vLLM's default without them) and yield (the target with its
+    URL, the served model name). With `serve_reference`, a reference:ALLOCATOR target is
+    served the same way by `kvdiag serve ALLOCATOR serve_args` (for runs that only talk
+    HTTP: isolation); other targets pass through."""
     if serve_reference and target.is_reference:
-        with _served(target.allocator, model_dir, Path(log_dir) / "serve.log") as url:
+        with _served(target.allocator, model_dir, Path(log_dir) / "serve.log", serve_args) as url:
             yield dataclasses.replace(target, url=url), Path(model_dir).name
         return
     if not target.is_vllm_local:
@@ -123,13 +125,14 @@ def live(target: Target, suite, case, model_dir: Path, log_dir: Path,
 
     Path(log_dir).mkdir(parents=True, exist_ok=True)
     with VllmLocal(model_dir, fault=target.fault, block_size=VLLM_BLOCK_SIZE,
-                   num_blocks=vllm_pool(suite, case, model_dir),
+                   num_blocks=vllm_pool(suite, case, model_dir) if suite is not None else None,
                    log_path=Path(log_dir) / "vllm.log") as server:
         yield dataclasses.replace(target, url=server.base_url), server.served_model
 
 
 @contextmanager
-def _served(allocator: str, model_dir: Path, log_path: Path, timeout: float = 300.0):
+def _served(allocator: str, model_dir: Path, log_path: Path, args: tuple[str, ...] = (),
+            timeout: float = 300.0):
     """`kvdiag serve --allocator ALLOCATOR` on a free loopback port, stopped on exit."""
     import socket
     import subprocess
@@ -144,7 +147,7 @@ def _served(allocator: str, model_dir: Path, log_path: Path, timeout: float = 30
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "kvdiag", "serve", "--port", str(port),
-                                 "--allocator", allocator, "--model", str(model_dir)],
+                                 "--allocator", allocator, "--model", str(model_dir), *args],
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:

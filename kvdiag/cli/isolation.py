@@ -14,14 +14,19 @@ from kvdiag.cli.common import (
     JsonOpt,
     OutOpt,
     Output,
+    TargetModelOpt,
     handle_errors,
 )
 
 
 @handle_errors
 def isolation(
-    base_url: BaseUrlOpt,
-    model: Annotated[str, typer.Option("--model", help="Model name as the server serves it.")],
+    base_url: BaseUrlOpt = None,
+    target: Annotated[str | None, typer.Option(
+        "--target", show_default=False, help="Instead of --base-url: reference:ALLOCATOR (kvdiag "
+        "serve, started here) or vllm-local[:FAULT] (real vLLM, started here); stopped at the "
+        "end.")] = None,
+    model: TargetModelOpt = None,
     lengths: Annotated[str, typer.Option("--lengths", help="Secret prefix lengths in tokens, comma-"
                                          "separated, or auto: 1, 4, 16 and 128 blocks (within "
                                          "max_model_len).")] = "auto",
@@ -56,11 +61,11 @@ def isolation(
     Example: kvdiag isolation --base-url http://127.0.0.1:8000 --model canary --trials 8
     """
     from kvdiag.runners.isolation import IsolationPlan, parse_lengths
-    from kvdiag.runners.isolation_run import audit_isolation
+    from kvdiag.runners.isolation_run import audit_target
 
     out = Output(as_json)
     plan = IsolationPlan(lengths=parse_lengths(lengths), trials=trials, warmup=warmup,
                          max_requests=max_requests, max_seconds=max_seconds, alpha=alpha,
                          min_auc=min_auc, seed=seed, adapter=adapter)
-    out.finish(audit_isolation(base_url, model, api_key, plan, block_size=block_size,
-                               out_dir=out_dir, progress=out.progress))
+    out.finish(audit_target(base_url, target, model, api_key, plan, block_size=block_size,
+                            out_dir=out_dir, progress=out.progress, info=out.info))

@@ -21,6 +21,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -199,17 +200,32 @@ def _free(path: Path) -> Path:
     return out
 
 
-def _prepare(fleet: Fleet, run_dir: Path, cell: Cell):
+def _prepare(fleet: Fleet, run_dir: Path, cell: Cell, stack: ExitStack):
+    """The cell's prepared run and options. A vllm-local cell's server is started here, on
+    this machine, for this cell's suite and case (its pool sized from them), and stays up
+    until `stack` closes: once its outcome is recorded."""
     from kvdiag.regress import job
 
     t = fleet.by_name[cell.target]
-    if t.kind == "vllm-local":
-        raise KvdiagError(f"{t.spec}: the regression job does not run vllm-local targets yet")
     opts = job.Options(suite=cell.suite, target=t.spec, model=t.model, cases=cell.case,
                        baseline=fleet.baseline.resolve(), history=fleet.history.resolve(),
                        out=run_dir / cell.id, flags=dict(t.flags), concurrency=t.requests,
                        api_key=os.environ.get(t.api_key_env) if t.api_key_env else None)
+    if t.kind == "vllm-local":
+        opts = stack.enter_context(job.serving(opts))
     return job.prepare(opts), opts
+
+
+def _placement(kind: str) -> dict:
+    """Ray task options by target kind: a vllm-local server listens on the driver's machine
+    (loopback), so its cells run there."""
+    if kind != "vllm-local":
+        return {}
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = ray.get_runtime_context().get_node_id()
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(here, soft=False)}
 
 
 def _drive(fleet: Fleet, run_dir: Path, todo: list[Cell]):
@@ -225,31 +241,35 @@ def _drive(fleet: Fleet, run_dir: Path, todo: list[Cell]):
             if busy[t.name] >= t.concurrency:
                 continue
             pending.remove(cell)
+            stack = ExitStack()  # what the cell holds until it is recorded (a vLLM server)
             try:
-                p, opts = _prepare(fleet, run_dir, cell)
+                p, opts = _prepare(fleet, run_dir, cell, stack)
             except (KvdiagError, FileNotFoundError, ValueError, OSError) as e:
+                stack.close()
                 yield _error(fleet, cell, e)
                 continue
             ref = task.options(num_cpus=t.num_cpus, max_retries=fleet.max_retries,
-                               retry_exceptions=False, name=cell.id).remote(
+                               retry_exceptions=False, name=cell.id, **_placement(t.kind)).remote(
                 p, opts, cell.id, fleet.time_limit, t.num_cpus, pid_dir)
-            inflight[ref] = (cell, p, opts, time.monotonic())
+            inflight[ref] = (cell, p, opts, time.monotonic(), stack)
             busy[t.name] += 1
         if not inflight:
             continue
         ready, _ = ray.wait(list(inflight), num_returns=1, timeout=2.0)
-        for ref, (cell, p, opts, since) in list(inflight.items()):
+        for ref, (cell, p, opts, since, stack) in list(inflight.items()):
             late = time.monotonic() - since > BACKSTOP * fleet.time_limit
             if ref not in ready and not late:
                 continue
             del inflight[ref]
             busy[cell.target] -= 1
-            if late and ref not in ready:
-                ray.cancel(ref, force=True)
-                shutil.rmtree(p.run.path, ignore_errors=True)
-                yield _error(fleet, cell, KvdiagError(f"no answer within {BACKSTOP:g} x its time limit"))
-                continue
-            yield _record(fleet, cell, p, opts, ref)
+            with stack:  # a vllm-local cell's server stops once its outcome is known
+                if late and ref not in ready:
+                    ray.cancel(ref, force=True)
+                    shutil.rmtree(p.run.path, ignore_errors=True)
+                    outcome = _error(fleet, cell, KvdiagError(f"no answer within {BACKSTOP:g} x its time limit"))
+                else:
+                    outcome = _record(fleet, cell, p, opts, ref)
+            yield outcome
 
 
 def _record(fleet: Fleet, cell: Cell, p, opts, ref) -> Outcome:

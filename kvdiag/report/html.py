@@ -104,7 +104,13 @@ def write_report(run_dir: Path, out: Path | None = None,
     results, summary = load_run(Path(run_dir))
     out = Path(out) if out is not None else Path(run_dir) / "report.html"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_report(results, summary, history), encoding="utf-8")
+    if summary.get("kind") == "isolation":  # its own page: AUC and cached share per length
+        from kvdiag.report.isolation import page
+
+        text = page(summary)
+    else:
+        text = render_report(results, summary, history)
+    out.write_text(text, encoding="utf-8")
     return out
 
 

@@ -14,6 +14,38 @@ from kvdiag.runners.isolation import IsolationPlan, run_isolation
 ROW_COLUMNS = ["config", "length", "trial", "role", "ttft_s", "cached_tokens"]
 
 
+def audit_target(base_url: str | None, target: str | None, model: str | None,
+                 api_key: str | None, plan: IsolationPlan, *, info=lambda _m: None,
+                 **options) -> RunResult:
+    """The audit of --base-url URL (--model: its served name), or of a --target that kvdiag
+    starts for the audit and stops after it: reference:ALLOCATOR (`kvdiag serve`, serving
+    the plan's adapter name too) or vllm-local[:FAULT] (--model: a model directory, default
+    the canary). `options`: as audit_isolation takes them."""
+    import tempfile
+
+    from kvdiag.errors import KvdiagError
+    from kvdiag.paths import CANARY
+    from kvdiag.targets import Target, live, parse_target
+
+    if (base_url is None) == (target is None):
+        raise KvdiagError("give --base-url URL --model NAME, or --target reference:ALLOCATOR / "
+                          "vllm-local[:FAULT]")
+    spec = parse_target(target) if target else Target(base_url, url=base_url)
+    if spec.url is not None:
+        if not model:
+            raise KvdiagError(f"{spec.url}: --model NAME (as the server serves it) is required")
+        return audit_isolation(spec.url, model, api_key, plan, **options)
+    model_dir = Path(model or CANARY)
+    if not model_dir.is_dir():
+        raise KvdiagError(f"--model {model_dir}: not a model directory")
+    logs = Path(tempfile.mkdtemp(prefix="kvdiag-isolation-"))
+    info(f"starting {spec.spec} (log in {logs}) ...")
+    adapters = ("--lora-modules", plan.adapter) if plan.adapter else ()
+    with live(spec, None, None, model_dir, logs, serve_reference=True, serve_args=adapters) as (
+            started, served):
+        return audit_isolation(started.url, served, api_key, plan, **options)
+
+
 def audit_isolation(base_url: str, model: str, api_key: str | None, plan: IsolationPlan, *,
                     block_size: int | None = None, out_dir: Path | None = None,
                     progress=no_progress) -> RunResult:
@@ -21,8 +53,8 @@ def audit_isolation(base_url: str, model: str, api_key: str | None, plan: Isolat
     IsolationResult the terminal renderer reads. `progress`: kvdiag.lifecycle.no_progress's."""
     import pandas as pd
 
-    from kvdiag.report.isolation import page
-    from kvdiag.runs import RunDir, Timer, write_run
+    from kvdiag.lifecycle import finish_run
+    from kvdiag.runs import RunDir, Timer
 
     timer = Timer()
     ep = Endpoint(base_url, model, api_key, timeout=120.0, retries=2)
@@ -36,23 +68,21 @@ def audit_isolation(base_url: str, model: str, api_key: str | None, plan: Isolat
         summary = isolation_summary(result, base_url=base_url, model=model,
                                     wall_seconds=timer.seconds)
         frame = pd.DataFrame(result.rows, columns=ROW_COLUMNS)
-        write_run(run.path, frame, summary)
-        (run.path / "report.html").write_text(page(summary), encoding="utf-8")
-        run_dir = run.commit()
-    return RunResult("isolation", frame, summary, extra={"isolation": result}, run_dir=run_dir)
+        return finish_run(RunResult("isolation", frame, summary, extra={"isolation": result}),
+                          run, timer)
 
 
 def isolation_summary(result, *, base_url: str, model: str, wall_seconds: float) -> dict:
     """summary.json for an isolation run: the shared fields (signature, suite, verdict, rounds,
     wall_seconds) plus `reason`, `leaks` and the `isolation` block the renderer reads."""
-    from kvdiag.runs import command_line, now_iso, signature
+    from kvdiag.runs import signature
 
     sig = signature(engine="endpoint", allocators=["isolation"], block_size=result.server["block_size"],
                     model=model, suite="isolation", seed=result.plan["seed"])
     exposure = [c for c in result.cells if c["config"] == "no-salt"]
     return {
         "signature": sig, "suite": "isolation", "verdict": result.verdict, "reason": result.reason,
-        "target": base_url, "model": model, "created": now_iso(), "command": command_line(),
+        "target": base_url, "model": model,
         "rounds": [], "sqdr": {}, "brai": {}, "wall_seconds": wall_seconds, "requests": result.requests,
         "leaks": result.leaks,
         "isolation": {"server": result.server, "plan": result.plan, "cells": result.cells,

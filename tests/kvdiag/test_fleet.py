@@ -134,3 +134,29 @@ def test_a_driver_killed_mid_run_resumes_without_duplicate_rows(tmp_path):
     assert sum(c["resumed"] for c in cells) == len(before)
     after = _rows(history)
     assert len(after) == 3 and len({r[3] for r in after}) == 3 and set(before) <= set(after)
+
+
+@pytest.mark.slow
+@needs_ray
+def test_a_vllm_local_cell_starts_its_own_server(tmp_path):
+    """A vllm-local target in a fleet: the driver starts real vLLM for the cell (pool sized
+    from the suite), the cell passes, its vllm.log is kept, and no server outlives the run."""
+    from kvdiag.errors import KvdiagError
+
+    try:
+        from kvdiag.vllm_local.launcher import find_vllm_python
+
+        find_vllm_python()
+    except (ImportError, KvdiagError) as e:
+        pytest.skip(f"no real vLLM here: {str(e).splitlines()[0]}")
+    fleet = _fleet(tmp_path, [{"name": "cpu", "target": "vllm-local", "concurrency": 1,
+                               "suites": [{"suite": "smoke", "cases": ["trigger"]}]}], time_limit=1500)
+    run = subprocess.run(_fleet_run(fleet, "--out", str(tmp_path / "out"), "--json"),
+                         capture_output=True, text=True, timeout=2400)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    (cell,) = json.loads(run.stdout)["cells"]
+    assert cell["status"] == "PASS", cell
+    assert (Path(cell["run_dir"]) / "vllm.log").stat().st_size > 0
+    assert [r[2] for r in _rows(tmp_path / "history.sqlite")] == ["pass"]
+    leftover = subprocess.run(["pgrep", "-f", "vllm.entrypoints.openai.api_server"], capture_output=True)
+    assert leftover.returncode == 1, "a vLLM server outlived the fleet run"

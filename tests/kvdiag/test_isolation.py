@@ -166,22 +166,28 @@ def test_caching_off_cannot_tell_rather_than_isolated(tmp_path):
     assert all(c["cached_correct_max"] == 0 for c in summary["isolation"]["cells"])
 
 
-def _serves_adapters() -> bool:
-    help_text = subprocess.run([sys.executable, "-m", "kvdiag", "serve", "--help"],
-                               capture_output=True, text=True).stdout
-    return "--lora-modules" in help_text
-
-
-@pytest.mark.slow
 def test_salt_collision_is_caught_through_an_adapter_named_like_a_salt(tmp_path):
-    if not _serves_adapters():
-        pytest.skip("kvdiag serve has no --lora-modules yet: the salt-collision fault needs an "
-                    "adapter name that a request can carry")
-    with served("--allocator", "salt-collision", "--lora-modules", "tenant-x") as (url, _):
-        code, summary = _audit(url, tmp_path, "--lengths", "16,64", "--trials", "4", "--adapter", "tenant-x")
-    assert code == 1 and summary["verdict"] == "fail"
+    """--target reference:salt-collision: kvdiag serves the fault itself, with the adapter
+    name as a --lora-modules entry, and stops it; a salt equal to the adapter's name shares
+    the adapter's blocks (vLLM #44701)."""
+    run = subprocess.run([sys.executable, "-m", "kvdiag", "isolation", "--target",
+                          "reference:salt-collision", "--adapter", "tenant-x", "--lengths", "16,64",
+                          "--trials", "4", "--out", str(tmp_path / "run"), "--json"],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 1, run.stderr[-2000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["verdict"] == "fail" and summary["kind"] == "isolation"
     assert {c["config"] for c in summary["leaks"]} == {"adapter"}
-    assert math.isclose(_by(summary, "adapter")[64]["cached_correct_mean"], 64)
+    # the salt and the adapter name collide in the first block's key only (later blocks carry
+    # the adapter's name alone), so exactly one block, 16 tokens, is shared at every length
+    adapter = _by(summary, "adapter")
+    assert math.isclose(adapter[16]["cached_correct_mean"], 16)
+    assert math.isclose(adapter[64]["cached_correct_mean"], 16)
+    assert (tmp_path / "run" / "report.html").read_text().count("<svg") >= 3
+    rebuilt = subprocess.run([sys.executable, "-m", "kvdiag", "report", str(tmp_path / "run"), "-o",
+                              str(tmp_path / "again.html")], capture_output=True, text=True, timeout=120)
+    assert rebuilt.returncode == 0, rebuilt.stderr  # `kvdiag report` draws the isolation page
+    assert "tenant isolation" in (tmp_path / "again.html").read_text()
 
 
 # --- against real vLLM on CPU (kvdiag/vllm_local; skipped without its env) ------------------
