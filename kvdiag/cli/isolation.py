@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -50,6 +51,9 @@ def isolation(
                                              "default: fresh each run.")] = None,
     api_key: ApiKeyOpt = None,
     out_dir: OutOpt = None,
+    history: Annotated[Path | None, typer.Option(
+        "--history", show_default=False, help="Also record the audit in this run history (SQLite), "
+        "for the Prometheus export (kvdiag_isolation_*).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Audit tenant isolation of the prefix cache: a victim tenant plants secret prefixes, an
@@ -68,4 +72,4 @@ def isolation(
                          max_requests=max_requests, max_seconds=max_seconds, alpha=alpha,
                          min_auc=min_auc, seed=seed, adapter=adapter)
     out.finish(audit_target(base_url, target, model, api_key, plan, block_size=block_size,
-                            out_dir=out_dir, progress=out.progress, info=out.info))
+                            out_dir=out_dir, history=history, progress=out.progress, info=out.info))

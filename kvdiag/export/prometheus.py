@@ -15,6 +15,13 @@ serves a whole fleet, so the target tells two endpoints of the same model apart)
     kvdiag_regress_passed                1 pass, 0 the regression gate failed
     kvdiag_last_run_timestamp_seconds    when the run was made
     kvdiag_run_info                      1, with engine_version, run_id, signature
+
+and from the newest tenant-isolation audit of each (target, model) (`kvdiag isolation
+--history`), labelled model_name and target:
+
+    kvdiag_isolation_passed              1 isolated, 0 leaks or cannot tell
+    kvdiag_isolation_auc{config,length}  ROC AUC of TTFT, correct vs wrong guesses
+    kvdiag_isolation_cached_tokens{config,length,guess}  mean cached tokens per guess
 """
 
 from __future__ import annotations
@@ -84,13 +91,17 @@ class HistoryCollector:
     def collect(self):
         from prometheus_client.core import GaugeMetricFamily
 
+        from kvdiag.regress import history as H
+
         present = self.history.is_file()
         runs = latest_runs(self.history, self.suite) if present else []
+        audits = H.latest_isolation(self.history) if present and self.suite is None else []
         history = GaugeMetricFamily("kvdiag_history_present", "1 when the run history file "
                                     "exists and holds a run, 0 otherwise (KvdiagHistoryMissing "
                                     "fires on 0).", labels=("history",))
-        history.add_metric([str(self.history)], 1.0 if runs else 0.0)
+        history.add_metric([str(self.history)], 1.0 if runs or audits else 0.0)
         yield history
+        yield from _isolation_families(audits)
         run_families = {name: GaugeMetricFamily(name, doc, labels=LABELS)
                         for name, (_, doc) in RUN_GAUGES.items()}
         round_families = {name: GaugeMetricFamily(name, doc, labels=(*LABELS, "round"))
@@ -115,6 +126,34 @@ class HistoryCollector:
         yield from run_families.values()
         yield from round_families.values()
         yield from (passed, stamp, info)
+
+
+def _isolation_families(rows: list[dict]):
+    from prometheus_client.core import GaugeMetricFamily
+
+    labels = ("model_name", "target")
+    passed = GaugeMetricFamily("kvdiag_isolation_passed", "1 when the last tenant-isolation audit "
+                               "found the per-tenant salts isolated, 0 when it found a leak or "
+                               "could not tell.", labels=labels)
+    auc = GaugeMetricFamily("kvdiag_isolation_auc", "ROC AUC of time to first token, correct vs "
+                            "wrong guesses of a secret prefix (0.5: indistinguishable).",
+                            labels=(*labels, "config", "length"))
+    cached = GaugeMetricFamily("kvdiag_isolation_cached_tokens", "Mean cached tokens of the "
+                               "attacker's correct or wrong guesses.",
+                               labels=(*labels, "config", "length", "guess"))
+    seen = set()
+    for r in rows:
+        who = [str(r["model"]), str(r["target"])]
+        if tuple(who) not in seen:
+            seen.add(tuple(who))
+            passed.add_metric(who, 1.0 if r["verdict"] == "pass" else 0.0)
+        cell = [*who, str(r["config"]), str(r["length"])]
+        if (v := _value(r["auc"])) is not None:
+            auc.add_metric(cell, v)
+        for guess, column in (("correct", "cached_correct"), ("wrong", "cached_wrong")):
+            if (v := _value(r[column])) is not None:
+                cached.add_metric([*cell, guess], v)
+    yield from (passed, auc, cached)
 
 
 def render(history: Path, suite: str | None = None) -> bytes:

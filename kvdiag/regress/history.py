@@ -7,6 +7,8 @@ next open, and the run's own directory still holds what it measured.
               verdicts, run-level SQDR / BRAI / reuse / leakage / divergence of the main case
     rounds    per case and round: the series under test's metrics and BRAI
     checks    every failed check of the run (metric, round, value, baseline, limit)
+    isolation one row per (isolation audit, configuration, prefix length): verdict, AUC,
+              p-value, cached tokens of correct / wrong guesses (schema 2)
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 
 from kvdiag.errors import KvdiagError
 
-SCHEMA = 1
+SCHEMA = 2
 DEFAULT_PATH = Path("reports/history.sqlite")
 # Test hook, for tests/kvdiag/test_regress.py only: when set to a file path, append() creates
 # that file inside its open transaction and sleeps, so a test can SIGKILL the process mid-write.
@@ -40,6 +42,11 @@ CREATE TABLE rounds (
 CREATE TABLE checks (
   run_id TEXT NOT NULL REFERENCES runs (run_id), case_name TEXT, metric TEXT NOT NULL,
   round INTEGER, value REAL, baseline REAL, limit_value REAL, message TEXT);
+""" + """
+CREATE TABLE isolation (
+  run_id TEXT NOT NULL, created TEXT NOT NULL, target TEXT NOT NULL, model TEXT, verdict TEXT NOT NULL,
+  config TEXT NOT NULL, length INTEGER NOT NULL, auc REAL, p_value REAL, cached_correct REAL,
+  cached_wrong REAL, leaks INTEGER, run_dir TEXT, PRIMARY KEY (run_id, config, length));
 """
 RUN_COLUMNS = ("run_id", "created", "suite", "target", "series", "engine", "engine_version",
                "model", "key_id", "key_json", "baseline_key_id", "signature", "verdict",
@@ -48,7 +55,11 @@ RUN_COLUMNS = ("run_id", "created", "suite", "target", "series", "engine", "engi
                "kvdiag_version")
 ROUND_COLUMNS = ("fact_check_pass_rate", "bleu4", "block_reuse_rate", "brai", "attention_leakage",
                  "divergence_ratio", "foreign_slots", "unwritten_slots", "nonfinite_logits")
-MIGRATIONS: dict[int, str] = {}  # from version N to N + 1, when the schema changes
+MIGRATIONS: dict[int, str] = {  # from version N to N + 1
+    1: _DDL[_DDL.index("CREATE TABLE isolation"):],
+}
+ISOLATION_COLUMNS = ("run_id", "created", "target", "model", "verdict", "config", "length", "auc",
+                     "p_value", "cached_correct", "cached_wrong", "leaks", "run_dir")
 
 
 def connect(path: Path, create: bool = True) -> sqlite3.Connection:
@@ -166,6 +177,40 @@ def integrity(path: Path) -> str:
     con = connect(path, create=False)
     try:
         return con.execute("PRAGMA integrity_check").fetchone()[0]
+    finally:
+        con.close()
+
+
+def append_isolation(path: Path, summary: dict, run_dir: Path) -> None:
+    """One isolation audit (its summary.json), a row per (configuration, prefix length), in
+    one transaction; the exporter publishes the newest audit of each target and model."""
+    run_id = f"isolation-{Path(run_dir).name}"
+    rows = [{"run_id": run_id, "created": summary["created"], "target": summary["target"],
+             "model": summary["model"], "verdict": summary["verdict"], "config": c["config"],
+             "length": c["length"], "auc": c.get("auc"), "p_value": c.get("p_value"),
+             "cached_correct": c.get("cached_correct_mean"), "cached_wrong": c.get("cached_wrong_mean"),
+             "leaks": int(bool(c.get("leaks"))), "run_dir": str(Path(run_dir).resolve())}
+            for c in summary["isolation"]["cells"]]
+    con = connect(path)
+    try:
+        con.execute("BEGIN IMMEDIATE")
+        con.executemany(f"INSERT OR REPLACE INTO isolation ({', '.join(ISOLATION_COLUMNS)}) VALUES "
+                        f"({', '.join('?' * len(ISOLATION_COLUMNS))})",
+                        [[r[c] for c in ISOLATION_COLUMNS] for r in rows])
+        con.execute("COMMIT")
+    finally:
+        con.close()
+
+
+def latest_isolation(path: Path) -> list[dict]:
+    """The rows of the newest isolation audit of each (target, model)."""
+    con = connect(path, create=False)
+    try:
+        con.row_factory = sqlite3.Row
+        return [dict(r) for r in con.execute(
+            "SELECT i.* FROM isolation i JOIN (SELECT target, model, MAX(created) AS created "
+            "FROM isolation GROUP BY target, model) n ON i.target = n.target AND "
+            "i.model IS n.model AND i.created = n.created ORDER BY i.target, i.config, i.length")]
     finally:
         con.close()
 

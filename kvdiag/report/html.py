@@ -11,39 +11,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvdiag.metrics.decay import REFERENCE_ALLOCATORS
+from kvdiag.report.style import CSS as _CSS  # shared with the isolation page
 
 if TYPE_CHECKING:
     from pandas import DataFrame
 
 MAX_HEATMAPS = 4
-
-_CSS = """
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;
- margin:0 auto;max-width:1100px;padding:0 16px 40px;color:#1b1b1b;background:#fff}
-header{border-bottom:3px solid #888;margin-bottom:8px}
-h1{font-size:24px;margin:18px 0 6px} h2{font-size:18px;margin:28px 0 6px}
-.badge{display:inline-block;padding:2px 12px;border-radius:4px;color:#fff;margin-right:8px}
-.verdict-pass .badge{background:#1a7f37} .verdict-fail .badge{background:#c0392b}
-.verdict-inconclusive .badge{background:#b7791f;color:#1b1b1b}
-.verdict-pass{border-color:#1a7f37} .verdict-fail{border-color:#c0392b}
-.verdict-inconclusive{border-color:#b7791f}
-p.meaning{margin:4px 0 8px;font-size:15px}
-dl.meta{display:grid;grid-template-columns:max-content 1fr;gap:2px 14px;margin:8px 0}
-dl.meta dt{font-weight:600;color:#444} dl.meta dd{margin:0;overflow-wrap:anywhere}
-pre{background:#f4f4f4;border:1px solid #ddd;padding:8px;white-space:pre-wrap;
- overflow-wrap:anywhere} code{font-family:ui-monospace,"DejaVu Sans Mono",monospace}
-figure.plot{margin:8px 0;border:1px solid #e3e3e3;padding:4px}
-figure.plot svg{display:block;max-width:100%;height:auto;margin:0 auto}
-figcaption,.note{color:#555;font-size:13px}
-table.data{border-collapse:collapse;margin:8px 0;font-size:13px}
-table.data caption{text-align:left;color:#555;padding:4px 0}
-table.data th,table.data td{border:1px solid #ddd;padding:3px 8px;text-align:right}
-table.data th{background:#f4f4f4} table.data td{white-space:nowrap}
-table.data td:first-child{text-align:left}
-td.healthy,td.pass{background:#dcf3e3;color:#11552a} td.watch{background:#fff1cc;color:#6b4d00}
-td.alert,td.fail{background:#fadbd8;color:#8e2218;font-weight:600} td.na{color:#777}
-nav a{margin-right:14px}
-"""
 
 _PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">

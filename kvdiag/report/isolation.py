@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from html import escape
 
-from kvdiag.report.html import _CSS
+from kvdiag.report.style import CSS as _CSS
 
 TITLES = {
     "no-salt": "No salt: shared cache (the exposure of an unsalted deployment; not judged)",

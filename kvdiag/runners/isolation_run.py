@@ -27,6 +27,9 @@ def audit_target(base_url: str | None, target: str | None, model: str | None,
     from kvdiag.paths import CANARY
     from kvdiag.targets import Target, live, parse_target
 
+    from kvdiag.runs import check_writable
+
+    check_writable(options.get("history"), "--history")  # before a server is started for it
     if (base_url is None) == (target is None):
         raise KvdiagError("give --base-url URL --model NAME, or --target reference:ALLOCATOR / "
                           "vllm-local[:FAULT]")
@@ -48,15 +51,17 @@ def audit_target(base_url: str | None, target: str | None, model: str | None,
 
 def audit_isolation(base_url: str, model: str, api_key: str | None, plan: IsolationPlan, *,
                     block_size: int | None = None, out_dir: Path | None = None,
-                    progress=no_progress) -> RunResult:
+                    history: Path | None = None, progress=no_progress) -> RunResult:
     """The audit of `base_url` in a finished run directory; `extra["isolation"]` holds the
     IsolationResult the terminal renderer reads. `progress`: kvdiag.lifecycle.no_progress's."""
     import pandas as pd
 
     from kvdiag.lifecycle import finish_run
-    from kvdiag.runs import RunDir, Timer
+    from kvdiag.regress import history as H
+    from kvdiag.runs import RunDir, Timer, check_writable
 
     timer = Timer()
+    check_writable(history, "--history")
     ep = Endpoint(base_url, model, api_key, timeout=120.0, retries=2)
     with RunDir.begin(out_dir, "isolation") as run:
         try:
@@ -68,8 +73,11 @@ def audit_isolation(base_url: str, model: str, api_key: str | None, plan: Isolat
         summary = isolation_summary(result, base_url=base_url, model=model,
                                     wall_seconds=timer.seconds)
         frame = pd.DataFrame(result.rows, columns=ROW_COLUMNS)
-        return finish_run(RunResult("isolation", frame, summary, extra={"isolation": result}),
+        done = finish_run(RunResult("isolation", frame, summary, extra={"isolation": result}),
                           run, timer)
+    if history is not None:  # after the run directory is complete, as regress does
+        H.append_isolation(history, done.summary, done.run_dir)
+    return done
 
 
 def isolation_summary(result, *, base_url: str, model: str, wall_seconds: float) -> dict:

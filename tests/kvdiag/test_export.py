@@ -213,3 +213,24 @@ def test_grafana_dashboard():
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids)) and dash["uid"] == "kvdiag-regression"
     assert {v["name"] for v in dash["templating"]["list"]} >= {"datasource", "suite", "model_name"}
+
+
+def test_a_schema_1_history_gains_the_isolation_table(tmp_path):
+    """A history written before isolation audits were recorded opens, migrates to the
+    current schema in place, and keeps its runs."""
+    import sqlite3
+
+    from kvdiag.regress import history as H
+
+    path = tmp_path / "old.sqlite"
+    with sqlite3.connect(path) as con:
+        con.executescript(H._DDL[:H._DDL.index("CREATE TABLE isolation")])
+        con.execute("INSERT INTO runs (run_id, created, suite, target, verdict) VALUES "
+                    "('r1', '2026-11-01T00:00:00+00:00', 'weekly', 'reference:guarded', 'pass')")
+        con.execute("PRAGMA user_version=1")
+    H.connect(path).close()
+    with sqlite3.connect(path) as con:
+        assert con.execute("PRAGMA user_version").fetchone()[0] == H.SCHEMA == 2
+        assert con.execute("SELECT run_id FROM runs").fetchall() == [("r1",)]
+        assert con.execute("SELECT COUNT(*) FROM isolation").fetchone()[0] == 0
+    assert H.latest_isolation(path) == []

@@ -9,6 +9,7 @@ import itertools
 import json
 import math
 import random
+import re
 import subprocess
 import sys
 
@@ -172,7 +173,8 @@ def test_salt_collision_is_caught_through_an_adapter_named_like_a_salt(tmp_path)
     the adapter's blocks (vLLM #44701)."""
     run = subprocess.run([sys.executable, "-m", "kvdiag", "isolation", "--target",
                           "reference:salt-collision", "--adapter", "tenant-x", "--lengths", "16,64",
-                          "--trials", "4", "--out", str(tmp_path / "run"), "--json"],
+                          "--trials", "4", "--out", str(tmp_path / "run"), "--json",
+                          "--history", str(tmp_path / "h.sqlite")],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 1, run.stderr[-2000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -188,6 +190,15 @@ def test_salt_collision_is_caught_through_an_adapter_named_like_a_salt(tmp_path)
                               str(tmp_path / "again.html")], capture_output=True, text=True, timeout=120)
     assert rebuilt.returncode == 0, rebuilt.stderr  # `kvdiag report` draws the isolation page
     assert "tenant isolation" in (tmp_path / "again.html").read_text()
+    # the audit is in the history, and the Prometheus export publishes it
+    from kvdiag.export.prometheus import render
+
+    text = render(tmp_path / "h.sqlite").decode()
+    assert re.search(r'kvdiag_isolation_passed\{model_name="canary",target="http://127\.0\.0\.1:\d+"\} 0\.0', text), text
+    cached = [line for line in text.splitlines() if line.startswith("kvdiag_isolation_cached_tokens{")
+              and all(f in line for f in ('config="adapter"', 'length="64"', 'guess="correct"'))]
+    assert len(cached) == 1 and cached[0].endswith(" 16.0"), cached
+    assert 'kvdiag_history_present{history="' in text and "} 1.0" in text
 
 
 # --- against real vLLM on CPU (kvdiag/vllm_local; skipped without its env) ------------------
