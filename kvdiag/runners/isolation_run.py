@@ -25,9 +25,8 @@ def audit_target(base_url: str | None, target: str | None, model: str | None,
 
     from kvdiag.errors import KvdiagError
     from kvdiag.paths import CANARY
-    from kvdiag.targets import Target, live, parse_target
-
     from kvdiag.runs import check_writable
+    from kvdiag.targets import Target, live, parse_target
 
     check_writable(options.get("history"), "--history")  # before a server is started for it
     if (base_url is None) == (target is None):
