@@ -48,6 +48,7 @@ def test_probe_passes_the_guarded_server(tmp_path, in_process):
     assert in_process["gates"]["trigger/guarded"]["passed"]  # the in-process runner agrees
 
 
+@pytest.mark.slow  # ~2 min with its in-process twin
 def test_probe_finds_corruption_on_the_buggy_server_and_resumes(tmp_path, in_process):
     out = tmp_path / "b"
     with served(*_server_args("buggy")) as (url, _):

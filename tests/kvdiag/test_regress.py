@@ -185,7 +185,8 @@ def test_sigkill_inside_the_history_transaction_keeps_earlier_runs(smoke, tmp_pa
     assert list(H.runs(history)["run_id"])[-1] == "next"
 
 
-@pytest.mark.parametrize("point", ["summary", "report", "commit", "history"])
+@pytest.mark.parametrize("point", ["summary", pytest.param("report", marks=pytest.mark.slow),
+                                   pytest.param("commit", marks=pytest.mark.slow), "history"])
 def test_sigkill_at_any_point_never_records_an_unfinished_run(smoke, tmp_path, point):
     """Killed between the summary and the report, before or after the rename, or inside
     the history transaction: no run is recorded without all of its files, the database

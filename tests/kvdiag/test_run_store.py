@@ -73,6 +73,7 @@ def test_out_never_overwrites_and_an_unreachable_probe_leaves_nothing(tmp_path):
     assert not (tmp_path / "p").exists() and not (tmp_path / "p.partial").exists()
 
 
+@pytest.mark.slow  # ~60 s: two live servers and two regress runs
 def test_api_keys_never_reach_disk(tmp_path):
     """Against a server that requires a key: given by flag, then by environment variable;
     no file the runs wrote (run directories, history, JUnit) holds either key."""

@@ -61,7 +61,9 @@ def test_guard_removes_the_fault_on_the_trigger(tiny_ckpt, trigger):
 
 
 @pytest.mark.parametrize("condition", [pytest.param("no-caching", marks=pytest.mark.slow),  # ~95 s
-                                       "no-jump", "uniform", "big-pool"])
+                                       pytest.param("no-jump", marks=pytest.mark.slow),  # ~30 s
+                                       pytest.param("uniform", marks=pytest.mark.slow),  # ~25 s
+                                       "big-pool"])
 def test_removing_any_one_condition_gives_zero_foreign_slots(tiny_ckpt, condition):
     schedule = _schedule(condition)
     reference = reference_turns(tiny_ckpt, schedule)
