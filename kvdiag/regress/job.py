@@ -96,6 +96,8 @@ def run(opts: Options, *, info: Callable[[str], None] = lambda _: None,
     """serving(), prepare() and execute(): the whole regression run. `warn` is told when there
     is no baseline of the suite and when a live server refused to empty its prefix cache;
     `progress` as kvdiag.lifecycle.no_progress takes it."""
+    check_writable(opts.history, "--history")  # before a vllm-local server is started too
+    check_writable(opts.junit, "--junit")
     with serving(opts, info) as opts:
         p = prepare(opts)
         if p.baseline is None:
