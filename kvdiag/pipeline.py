@@ -128,11 +128,14 @@ def reproduce(suite: str, cases: list[str] | None = None, allocators: list[str] 
     return finish_run(result, run_dir, timer)
 
 
-def verify(allocator: str, expect_guard: bool, suite: str, case: str | None = None,
-           **options) -> RunResult:
+def verify(allocator: str, expect_guard: bool, expect_bug: bool, suite: str,
+           case: str | None = None, **options) -> RunResult:
     """kvdiag verify: one case under `allocator` (beside guarded when it is another), its
     verdict replaced by the gate's: --expect-guard (the guard logged and held in every
-    round) or --expect-bug (the fault shows). `options` as `reproduce` takes them."""
+    round) or --expect-bug (the fault shows), exactly one of them. `options` as `reproduce`
+    takes them."""
+    if expect_guard == expect_bug:
+        raise KvdiagError("give exactly one of --expect-guard or --expect-bug")
     check_allocator(allocator)
     _, (chosen,) = load_cases(suite, case, one=True)
 

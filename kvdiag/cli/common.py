@@ -1,13 +1,15 @@
-"""What every command shares: option aliases (each defined once) and the error boundary
-that turns bad input into one line and exit code 2 (ARCHITECTURE.md: 0 pass, 1 check
-failed, 2 the run could not be made). Output and progress live in kvdiag.report.console,
-beside the renderers."""
+"""What every command shares: option aliases and option groups (each defined once) and the
+error boundary that turns bad input into one line and exit code 2 (ARCHITECTURE.md: 0 pass,
+1 check failed, 2 the run could not be made). Output and progress live in
+kvdiag.report.console, beside the renderers."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import inspect
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_type_hints
 
 import typer
 
@@ -70,6 +72,51 @@ BaseUrlOpt = Annotated[str | None, typer.Option(
 BlockSizeOpt = Annotated[int | None, typer.Option(
     "--block-size", min=1, show_default=False, help="The server's KV block size, where its /metrics "
     "has no vllm:cache_config_info (else: the suite's, or 16 without a suite).")]
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineRun:
+    """An option group: the options of every suite run through the reference engine
+    (reproduce, verify). A command takes them as one parameter (see option_groups)."""
+
+    model: ModelOpt = None
+    device: DeviceOpt = "cpu"
+    dtype: DtypeOpt = None
+    out_dir: OutOpt = None
+    check_integrity: CheckIntegrityOpt = False
+    no_reference_cache: NoCacheOpt = False
+
+    def pipeline_args(self) -> dict:
+        """As kvdiag.pipeline.reproduce takes them."""
+        args = dataclasses.asdict(self)
+        return args | {"use_cache": not args.pop("no_reference_cache")}
+
+
+def option_groups(command):
+    """Decorator: a parameter of `command` annotated with an option group (a dataclass of
+    options, such as EngineRun) stands for the group's options, in its place; the command
+    gets them back as one instance of the group."""
+    hints = get_type_hints(command, include_extras=True)
+    params, groups = [], {}
+    for param in inspect.signature(command).parameters.values():
+        kind = hints[param.name]
+        if not dataclasses.is_dataclass(kind):
+            params.append(param.replace(annotation=kind))
+            continue
+        groups[param.name] = kind
+        fields = get_type_hints(kind, include_extras=True)
+        params += [param.replace(name=f.name, annotation=fields[f.name], default=f.default)
+                   for f in dataclasses.fields(kind)]
+
+    @functools.wraps(command)
+    def wrapper(**options):
+        for name, kind in groups.items():
+            options[name] = kind(**{f.name: options.pop(f.name) for f in dataclasses.fields(kind)})
+        return command(**options)
+
+    wrapper.__signature__ = inspect.Signature(params)
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    return wrapper
 
 
 def handle_errors(fn):

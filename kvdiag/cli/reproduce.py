@@ -10,18 +10,14 @@ import typer
 from kvdiag.cli.common import (
     AllocatorOpt,
     CaseOpt,
-    CheckIntegrityOpt,
-    DeviceOpt,
-    DtypeOpt,
+    EngineRun,
     JsonOpt,
-    ModelOpt,
-    NoCacheOpt,
     OneCaseOpt,
-    OutOpt,
     Output,
     SuiteOpt,
     enable_engine_log,
     handle_errors,
+    option_groups,
 )
 
 SpacyOpt = Annotated[str | None, typer.Option(
@@ -35,17 +31,13 @@ HiddenList = Annotated[str | None, typer.Option(hidden=True)]
 
 
 @handle_errors
+@option_groups
 def reproduce(
     suite: SuiteOpt = "reproduce",
     case: CaseOpt = None,
     allocator: AllocatorsOpt = None,
-    model: ModelOpt = None,
-    device: DeviceOpt = "cpu",
-    dtype: DtypeOpt = None,
-    out_dir: OutOpt = None,
     spacy_model: SpacyOpt = None,
-    check_integrity: CheckIntegrityOpt = False,
-    no_reference_cache: NoCacheOpt = False,
+    engine: EngineRun = EngineRun(),
     as_json: JsonOpt = False,
     cases: HiddenList = None,
     allocators: HiddenList = None,
@@ -66,13 +58,12 @@ def reproduce(
     out = Output(as_json)
     enable_engine_log()
     out.finish(run(suite, (case or []) + ([cases] if cases else []),
-                   (allocator or []) + ([allocators] if allocators else []), model=model,
-                   device=device, dtype=dtype, spacy_model=spacy_model, out_dir=out_dir,
-                   check_integrity=check_integrity, use_cache=not no_reference_cache,
-                   progress=out.progress))
+                   (allocator or []) + ([allocators] if allocators else []),
+                   spacy_model=spacy_model, progress=out.progress, **engine.pipeline_args()))
 
 
 @handle_errors
+@option_groups
 def verify(
     expect_guard: Annotated[bool, typer.Option("--expect-guard", help="Gate: pass only if the guard "
                                                "was logged and held in every round.")] = False,
@@ -81,12 +72,7 @@ def verify(
     allocator: AllocatorOpt = "guarded",
     suite: SuiteOpt = "reproduce",
     case: OneCaseOpt = None,
-    model: ModelOpt = None,
-    device: DeviceOpt = "cpu",
-    dtype: DtypeOpt = None,
-    out_dir: OutOpt = None,
-    check_integrity: CheckIntegrityOpt = False,
-    no_reference_cache: NoCacheOpt = False,
+    engine: EngineRun = EngineRun(),
     as_json: JsonOpt = False,
 ) -> None:
     """Gate a release on the trigger: exit 0 pass, 1 the check failed, 2 bad input.
@@ -99,13 +85,9 @@ def verify(
 
     Example: kvdiag verify --expect-guard --allocator guarded --suite smoke
     """
-    from kvdiag.errors import KvdiagError
     from kvdiag.pipeline import verify as run
 
     out = Output(as_json)
-    if expect_guard == expect_bug:
-        raise KvdiagError("give exactly one of --expect-guard or --expect-bug")
     enable_engine_log()
-    out.finish(run(allocator, expect_guard, suite, case, model=model, device=device, dtype=dtype,
-                   out_dir=out_dir, check_integrity=check_integrity,
-                   use_cache=not no_reference_cache, progress=out.progress))
+    out.finish(run(allocator, expect_guard, expect_bug, suite, case, progress=out.progress,
+                   **engine.pipeline_args()))
