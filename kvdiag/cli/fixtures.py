@@ -57,13 +57,9 @@ def import_gguf(
 
     from kvdiag.models.gguf_import import import_gguf as run_import
 
-    output = Output(as_json)
     result = run_import(gguf, out, dtype)
-    if as_json:
-        output.json(asdict(result))  # paths as text
-        return
     state = "cache hit: already imported, nothing rewritten" if result.cache_hit else "imported"
-    for line in (f"{state}: {result.source.name} ({result.architecture}, {result.dtype})",
-                 f"source sha256 {result.source_sha256}", f"output sha256 {result.output_sha256}",
-                 str(result.out_dir)):
-        output.out.print(line, markup=False)
+    Output(as_json).show(asdict(result),  # paths as text
+                         f"{state}: {result.source.name} ({result.architecture}, {result.dtype})",
+                         f"source sha256 {result.source_sha256}",
+                         f"output sha256 {result.output_sha256}", str(result.out_dir))

@@ -58,7 +58,4 @@ def generate(
     enable_engine_log()
     ids, text = complete(model, given, chat=chat, max_tokens=max_tokens, allocator=allocator,
                          device=device, dtype=dtype)
-    if as_json:
-        out.json({"token_ids": ids, "text": text})
-    else:
-        out.out.print(" ".join(map(str, ids)) if text is None else text, markup=False)
+    out.show({"token_ids": ids, "text": text}, " ".join(map(str, ids)) if text is None else text)

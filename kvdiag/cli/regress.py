@@ -81,18 +81,8 @@ def regress(
     try:
         out.finish(job.run(opts, info=out.info, warn=out.warn, progress=out.progress))
     except KeyMismatch as e:
-        _mismatch(out, e)
+        out.key_mismatch(e)
         raise typer.Exit(EXIT_ERROR) from None
-
-
-def _mismatch(out: Output, e) -> None:
-    """A key mismatch is reported with the keys' differences, never compared."""
-    if out.as_json:
-        out.json({"verdict": "error", "error": "key mismatch", "differences": e.differences,
-                  "key": e.key.as_dict(), "baseline_key": e.nearest.as_dict()})
-    out.error(f"{e.path}: the baseline of suite {e.key.suite} has another key; nothing compared:")
-    for line in e.differences:
-        out.err.print(f"  {line}")
 
 
 baseline_app = typer.Typer(help="Regression baselines.", no_args_is_help=True)
@@ -114,16 +104,14 @@ def baseline_update(
     """
     from kvdiag.regress import baselines as B
 
-    out = Output(as_json)
     new = B.from_run(run_dir, force=force)
     replaced, count = B.update(baseline, new)
-    if as_json:
-        out.json({"baseline": str(baseline), "key_id": new.key.id, "run_id": new.run_id,
-                  "replaced": replaced.run_id if replaced else None, "baselines": count})
-        return
     was = f" (replacing run {replaced.run_id})" if replaced else ""
-    out.out.print(f"{baseline}: baseline of suite {new.key.suite} key {new.key.id} is now run "
-                  f"{new.run_id} ({new.target}){was}; {count} baseline(s) in the file")
+    Output(as_json).show(
+        {"baseline": str(baseline), "key_id": new.key.id, "run_id": new.run_id,
+         "replaced": replaced.run_id if replaced else None, "baselines": count},
+        f"{baseline}: baseline of suite {new.key.suite} key {new.key.id} is now run "
+        f"{new.run_id} ({new.target}){was}; {count} baseline(s) in the file")
 
 
 @handle_errors
@@ -142,9 +130,6 @@ def history(
     from kvdiag.regress import history as H
     from kvdiag.report.terminal import history_records, history_table
 
-    out = Output(as_json)
     frame = H.runs(history_path, suite=suite, target=target, last=last)
-    if as_json:
-        out.json(history_records(frame))
-    else:
-        out.out.print(history_table(frame, f"{history_path}: {len(frame)} run(s)"))
+    Output(as_json).show(history_records(frame),
+                         history_table(frame, f"{history_path}: {len(frame)} run(s)"))

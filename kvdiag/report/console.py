@@ -33,6 +33,25 @@ class Output:
     def error(self, message: str) -> None:
         self.err.print(f"[bold red]error:[/] {message}", markup=True)
 
+    def show(self, data, *lines) -> None:
+        """`data` as JSON with --json, else `lines` (text, never read as markup, or tables)."""
+        if self.as_json:
+            self.json(data)
+            return
+        for line in lines:
+            self.out.print(line, markup=False)
+
+    def key_mismatch(self, e) -> None:
+        """A regression run refused on a baseline key mismatch (kvdiag.regress.baselines
+        KeyMismatch): the keys' differences, never compared."""
+        if self.as_json:
+            self.json({"verdict": "error", "error": "key mismatch", "differences": e.differences,
+                       "key": e.key.as_dict(), "baseline_key": e.nearest.as_dict()})
+        self.error(f"{e.path}: the baseline of suite {e.key.suite} has another key; nothing "
+                   "compared:")
+        for line in e.differences:
+            self.err.print(f"  {line}")
+
     def result(self, result) -> None:
         """A finished run: as JSON (its as_json()), or by its kind's terminal renderer."""
         if self.as_json:
