@@ -89,7 +89,8 @@ class EngineRun:
     def pipeline_args(self) -> dict:
         """As kvdiag.pipeline.reproduce takes them."""
         args = dataclasses.asdict(self)
-        return args | {"use_cache": not args.pop("no_reference_cache")}
+        args["use_cache"] = not args.pop("no_reference_cache")
+        return args
 
 
 def option_groups(command):
