@@ -108,13 +108,13 @@ def vllm_sizes(suite, case, model_dir: Path) -> tuple[int, int]:
 
     schedule = plan_case(suite, case, Tokenizer.from_dir(model_dir)).schedule
     pool = math.ceil(schedule.num_blocks * suite.block_size / VLLM_BLOCK_SIZE)
-    longest = max(max(p) for p in schedule.prompt_lengths) + case.max_tokens + 2 * VLLM_BLOCK_SIZE
-    need = -(-longest // VLLM_BLOCK_SIZE) * VLLM_BLOCK_SIZE
+    longest = max(max(p) for p in schedule.prompt_lengths) + case.max_tokens
     context = json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings")
-    if context and need - 2 * VLLM_BLOCK_SIZE > context:
-        raise KvdiagError(f"{suite.name}/{case.name}: its longest request ({longest - 2 * VLLM_BLOCK_SIZE} "
-                          f"tokens) exceeds {Path(model_dir).name}'s context ({context})")
-    return pool, min(need, context or need)
+    if context and longest > context:
+        raise KvdiagError(f"{suite.name}/{case.name}: its longest request ({longest} tokens) exceeds "
+                          f"{Path(model_dir).name}'s context ({context})")
+    spare = -(-(longest + 2 * VLLM_BLOCK_SIZE) // VLLM_BLOCK_SIZE) * VLLM_BLOCK_SIZE
+    return pool, min(spare, context or spare)
 
 
 @contextmanager
