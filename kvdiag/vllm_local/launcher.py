@@ -131,7 +131,8 @@ class VllmLocal:
     device: "cpu", "cuda" or None (ask the env's torch).
     log_path: where the server's log goes (default: a file in a new temp folder, kept).
     Raises KvdiagError (exit 2): no vLLM env, an unknown fault, or a server that died or did
-    not become healthy within `timeout` seconds (the message ends with its log's tail).
+    not become healthy within `timeout` seconds (the message ends with the log's last
+    exception, or its tail).
     """
 
     def __init__(self, model_dir: str | Path, *, fault: str | None = None, block_size: int = 32,
