@@ -101,15 +101,14 @@ def vllm_sizes(suite, case, model_dir: Path) -> tuple[int, int]:
     probe adds pressure beyond); max_model_len covers the longest request with two blocks to
     spare (the probe moves jumps to vLLM's block boundaries), within the model's context.
     KvdiagError, before any server starts, when the case does not fit the model."""
-    import json
-
     from kvdiag.runners.plan import plan_case
+    from kvdiag.vllm_local.launcher import model_context
     from reference_engine.tokenizer import Tokenizer
 
     schedule = plan_case(suite, case, Tokenizer.from_dir(model_dir)).schedule
     pool = math.ceil(schedule.num_blocks * suite.block_size / VLLM_BLOCK_SIZE)
     longest = max(max(p) for p in schedule.prompt_lengths) + case.max_tokens
-    context = json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings")
+    context = model_context(model_dir)
     if context and longest > context:
         raise KvdiagError(f"{suite.name}/{case.name}: its longest request ({longest} tokens) exceeds "
                           f"{Path(model_dir).name}'s context ({context})")

@@ -256,11 +256,15 @@ class VllmLocal:
             time.sleep(1.0)
 
 
+def model_context(model_dir: str | Path) -> int | None:
+    """The model's context (max_position_embeddings in config.json), or None when it names
+    none: vLLM refuses a max_model_len beyond it."""
+    return json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings")
+
+
 def _default_max_len(model_dir: Path, default: int = 9216) -> int:
-    """`default`, or the model's context (max_position_embeddings) when that is smaller:
-    vLLM refuses a max_model_len beyond it."""
-    config = json.loads((model_dir / "config.json").read_text())
-    return min(default, config.get("max_position_embeddings") or default)
+    """`default`, or the model's context when that is smaller."""
+    return min(default, model_context(model_dir) or default)
 
 
 def vllm_available() -> bool:
