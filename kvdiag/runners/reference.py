@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from kvdiag.metrics.decay import first_divergence
@@ -21,17 +24,34 @@ class CaseResult:
     plan: CasePlan
     records: list[Record] = field(default_factory=list)
     engine_log: dict[str, list[str]] = field(default_factory=dict)  # allocator -> lines
-    seconds: dict[str, float] = field(default_factory=dict)  # per allocator (and contiguous)
+    seconds: dict[str, float] = field(default_factory=dict)  # wall per allocator (overlapping
+    # when they run side by side) and for the contiguous reference
     reference_cache: str = "off"  # "hit", "miss" (computed and stored) or "off" (not used)
 
 
 class _LogCapture(logging.Handler):
-    def __init__(self, lines: list[str]) -> None:
+    """The engine's log lines, kept apart per thread: allocators may run side by side."""
+
+    def __init__(self) -> None:
         super().__init__(logging.INFO)
-        self.lines = lines
+        self.lines: dict[int, list[str]] = {}
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
+        self.lines.setdefault(record.thread, []).append(record.getMessage())
+
+
+def allocator_workers(allocators: list[str], device: str) -> int:
+    """How many allocators run at once: on CPU, one per intra-op thread torch would use
+    (each then runs single-threaded: two engines on two cores finish sooner than two in turn
+    on both, since a step's small kernels and Python leave cores idle). Outputs are equal
+    either way. KVDIAG_ALLOCATOR_WORKERS=1 runs them in turn."""
+    import torch
+
+    if device != "cpu" or len(allocators) < 2:
+        return 1
+    wanted = os.environ.get("KVDIAG_ALLOCATOR_WORKERS")
+    limit = int(wanted) if wanted else torch.get_num_threads()
+    return max(1, min(len(allocators), limit))
 
 
 def _engine_config(plan: CasePlan, allocator: str, device: str, dtype: str | None):
@@ -49,7 +69,8 @@ def _engine_config(plan: CasePlan, allocator: str, device: str, dtype: str | Non
 def run_case(plan: CasePlan, checkpoint, allocators: list[str], *, device: str = "cpu",
              dtype: str | None = None, spacy_model: str | None = None,
              progress: Callable[[int], None] | None = None, use_cache: bool = True) -> CaseResult:
-    """Run the contiguous reference, then each allocator, on the plan's prompts.
+    """Run the contiguous reference, then each allocator, on the plan's prompts (on CPU,
+    the allocators side by side: see allocator_workers).
 
     use_cache: read the contiguous reference from the on-disk cache when an entry for
     exactly these prompts, weights, engine and settings exists, and store it after
@@ -63,11 +84,21 @@ def run_case(plan: CasePlan, checkpoint, allocators: list[str], *, device: str =
     checker = Checker(plan.style, spacy_model)
     keys = list(range(len(sessions)))
 
+    ticks = threading.Lock()
+
     def tick(_seq):
         if progress:
-            progress(1)
+            with ticks:
+                progress(1)
 
-    capture = _LogCapture([])
+    def one(name: str) -> tuple[dict, float, list[str]]:
+        t0 = time.perf_counter()
+        engine = LLMEngine(checkpoint, _engine_config(plan, name, device, dtype))
+        turns = run_sessions(engine, keys, fixed_prompts(prompts), max_tokens=case.max_tokens,
+                             think_steps=plan.schedule.think, on_finish=tick)
+        return turns, time.perf_counter() - t0, capture.lines.pop(threading.get_ident(), [])
+
+    capture = _LogCapture()
     logger = logging.getLogger("reference_engine")
     logger.addHandler(capture)
     logger.setLevel(logging.INFO)
@@ -76,18 +107,30 @@ def run_case(plan: CasePlan, checkpoint, allocators: list[str], *, device: str =
         reference, result.reference_cache = _reference(plan, checkpoint, device, dtype, use_cache, tick)
         result.seconds[CONTIGUOUS] = time.perf_counter() - t0
         result.records += _records(plan, CONTIGUOUS, reference, reference, tok, checker)
-        for name in allocators:
-            t0 = time.perf_counter()
-            capture.lines = result.engine_log.setdefault(name, [])
-            engine = LLMEngine(checkpoint, _engine_config(plan, name, device, dtype))
-            turns = run_sessions(engine, keys, fixed_prompts(prompts), max_tokens=case.max_tokens,
-                                 think_steps=plan.schedule.think, on_finish=tick)
-            result.seconds[name] = time.perf_counter() - t0
+        capture.lines.clear()
+        for name, (turns, seconds, lines) in zip(allocators, _map(one, allocators, device)):
+            result.seconds[name], result.engine_log[name] = seconds, lines
             result.records += _records(plan, name, turns, reference, tok, checker)
-            del engine
     finally:
         logger.removeHandler(capture)
     return result
+
+
+def _map(fn: Callable, allocators: list[str], device: str) -> list:
+    """fn over the allocators, side by side where allocator_workers allows (each then with
+    an equal share of torch's threads), in order otherwise."""
+    import torch
+
+    workers = allocator_workers(allocators, device)
+    if workers == 1:
+        return [fn(name) for name in allocators]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads // workers))
+    try:
+        with ThreadPoolExecutor(workers, thread_name_prefix="allocator") as pool:
+            return list(pool.map(fn, allocators))
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _reference(plan: CasePlan, checkpoint, device: str, dtype: str | None, use_cache: bool,

@@ -164,3 +164,30 @@ def test_check_integrity_on_the_default_case(tmp_path):
     assert clean.returncode == 0, clean.stdout + clean.stderr
     buggy = _kvdiag("reproduce", "--allocator", "buggy", "--check-integrity", "--out", str(tmp_path / "b"))
     assert buggy.returncode == 1 and "stale hash entry" in buggy.stderr, buggy.stderr[-2000:]
+
+
+def test_allocators_side_by_side_give_what_they_give_in_turn(monkeypatch):
+    """On CPU run_case runs the allocators in threads, each single-threaded: every record and
+    each allocator's engine log equal those of a run in turn (KVDIAG_ALLOCATOR_WORKERS=1)."""
+    from kvdiag.paths import CANARY
+    from kvdiag.runners.plan import plan_case
+    from kvdiag.runners.reference import allocator_workers, run_case
+    from kvdiag.suites import load_cases
+    from reference_engine.loader import load_checkpoint
+
+    suite, (case,) = load_cases("smoke", ["trigger"])
+    checkpoint = load_checkpoint(CANARY)
+    plan = plan_case(suite, case, checkpoint.tokenizer)
+    names = ["buggy", "guarded"]
+
+    def run(workers: str):
+        monkeypatch.setenv("KVDIAG_ALLOCATOR_WORKERS", workers)
+        assert allocator_workers(names, "cpu") == int(workers)
+        return run_case(plan, checkpoint, names)
+
+    apart, together = run("1"), run("2")
+    assert [r.as_dict() for r in together.records] == [r.as_dict() for r in apart.records]
+    assert together.engine_log == apart.engine_log
+    assert any("SequenceGuard" in line for line in together.engine_log["guarded"])
+    assert not any("SequenceGuard" in line for line in together.engine_log["buggy"])
+    assert any(r.foreign_slots for r in together.records if r.allocator == "buggy")  # corruption seen
