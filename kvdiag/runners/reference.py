@@ -10,7 +10,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from kvdiag.metrics.decay import first_divergence
@@ -91,11 +91,15 @@ def run_case(plan: CasePlan, checkpoint, allocators: list[str], *, device: str =
             with ticks:
                 progress(1)
 
-    def one(name: str) -> tuple[dict, float, list[str]]:
+    def one(name: str, stop: threading.Event) -> tuple[dict, float, list[str]]:
+        def on_step():
+            if stop.is_set():
+                raise _Stopped
+
         t0 = time.perf_counter()
         engine = LLMEngine(checkpoint, _engine_config(plan, name, device, dtype))
         turns = run_sessions(engine, keys, fixed_prompts(prompts), max_tokens=case.max_tokens,
-                             think_steps=plan.schedule.think, on_finish=tick)
+                             think_steps=plan.schedule.think, on_finish=tick, on_step=on_step)
         return turns, time.perf_counter() - t0, capture.lines.pop(threading.get_ident(), [])
 
     capture = _LogCapture()
@@ -116,19 +120,37 @@ def run_case(plan: CasePlan, checkpoint, allocators: list[str], *, device: str =
     return result
 
 
+class _Stopped(Exception):
+    """Raised in an allocator's run at its next step once another one has failed."""
+
+
 def _map(fn: Callable, allocators: list[str], device: str) -> list:
-    """fn over the allocators, side by side where allocator_workers allows (each then with
-    an equal share of torch's threads), in order otherwise."""
+    """fn(name, stop) over the allocators, side by side where allocator_workers allows (each
+    then with an equal share of torch's threads), in order otherwise. The first failure (an
+    error, IntegrityError, Ctrl-C) sets `stop`, so the others end at their next step rather
+    than run to the end, and is the one raised."""
     import torch
 
+    stop = threading.Event()
     workers = allocator_workers(allocators, device)
     if workers == 1:
-        return [fn(name) for name in allocators]
+        return [fn(name, stop) for name in allocators]
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, threads // workers))
     try:
         with ThreadPoolExecutor(workers, thread_name_prefix="allocator") as pool:
-            return list(pool.map(fn, allocators))
+            futures = [pool.submit(fn, name, stop) for name in allocators]
+            try:
+                wait(futures, return_when=FIRST_EXCEPTION)
+            finally:  # a failure, or Ctrl-C here
+                if not all(f.done() and f.exception() is None for f in futures):
+                    stop.set()
+            wait(futures)
+        failed = [f.exception() for f in futures if f.exception() is not None]
+        first = next((e for e in failed if not isinstance(e, _Stopped)), None)
+        if first is not None:
+            raise first
+        return [f.result() for f in futures]
     finally:
         torch.set_num_threads(threads)
 
