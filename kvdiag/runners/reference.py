@@ -13,6 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
+from kvdiag.errors import KvdiagError
 from kvdiag.metrics.decay import first_divergence
 from kvdiag.runners.plan import CasePlan
 from kvdiag.runners.records import Checker, Record
@@ -45,11 +46,13 @@ def allocator_workers(allocators: list[str], device: str) -> int:
     (each then runs single-threaded: two engines on two cores finish sooner than two in turn
     on both, since a step's small kernels and Python leave cores idle). Outputs are equal
     either way. KVDIAG_ALLOCATOR_WORKERS=1 runs them in turn."""
-    import torch
-
+    wanted = os.environ.get("KVDIAG_ALLOCATOR_WORKERS", "")
+    if wanted and not (wanted.isdigit() and int(wanted) >= 1):
+        raise KvdiagError(f"KVDIAG_ALLOCATOR_WORKERS={wanted!r}: give a whole number of at least 1")
     if device != "cpu" or len(allocators) < 2:
         return 1
-    wanted = os.environ.get("KVDIAG_ALLOCATOR_WORKERS")
+    import torch
+
     limit = int(wanted) if wanted else torch.get_num_threads()
     return max(1, min(len(allocators), limit))
 

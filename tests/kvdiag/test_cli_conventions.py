@@ -32,6 +32,7 @@ def test_version_alone():
 
 @pytest.mark.parametrize("args", [
     ["verify", "--expect-guard", "--allocator", "nosuch"],
+    ["reproduce", "--suite", "smoke", "KVDIAG_ALLOCATOR_WORKERS=nosuch"],
     ["reproduce", "--allocator", "buggy,nosuch"],
     ["reproduce", "--allocator", "buggy", "--allocator", "nosuch"],
     ["reproduce", "--case", "trigger,nosuch"],
@@ -43,8 +44,9 @@ def test_bad_options_fail_before_any_work(args):
     suite and registry modules is all they may cost (warmed first, so a loaded machine's
     first import is not what is timed)."""
     CliRunner().invoke(app, ["reproduce", "--allocator", "nosuch"])
+    env = dict(a.split("=", 1) for a in args if "=" in a)  # an environment setting, likewise
     start = time.monotonic()
-    result = CliRunner().invoke(app, args)
+    result = CliRunner().invoke(app, [a for a in args if "=" not in a], env=env)
     assert result.exit_code == 2, result.output
     assert time.monotonic() - start < 5, "validated only after work began"
     assert "nosuch" in result.output and "Traceback" not in result.output
