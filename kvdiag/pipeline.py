@@ -105,7 +105,7 @@ def reproduce(suite: str, cases: list[str] | None = None, allocators: list[str] 
     """kvdiag reproduce, start to finish: check allocator names, cases and model before any
     work, begin the run directory, run the suite, let `amend` adjust the result (verify's
     gate), and finish the run directory. `progress`: see kvdiag.lifecycle.no_progress."""
-    from kvdiag.runners.reference import allocator_workers
+    from kvdiag.runners.reference import workers_setting
     from kvdiag.runs import RunDir, Timer
 
     timer = Timer()
@@ -113,7 +113,7 @@ def reproduce(suite: str, cases: list[str] | None = None, allocators: list[str] 
     for name in allocators or []:
         if name != VLLM:
             check_allocator(name)
-    allocator_workers([], device)  # a bad KVDIAG_ALLOCATOR_WORKERS fails here, before any work
+    workers_setting()  # a bad KVDIAG_ALLOCATOR_WORKERS fails here, before any work
     loaded, chosen = load_cases(suite, cases)
     if model is not None and not model.is_dir():
         raise KvdiagError(f"--model {model}: not a model directory")

@@ -46,15 +46,21 @@ def allocator_workers(allocators: list[str], device: str) -> int:
     (each then runs single-threaded: two engines on two cores finish sooner than two in turn
     on both, since a step's small kernels and Python leave cores idle). Outputs are equal
     either way. KVDIAG_ALLOCATOR_WORKERS=1 runs them in turn."""
-    wanted = os.environ.get("KVDIAG_ALLOCATOR_WORKERS", "")
-    if wanted and not (wanted.isdigit() and int(wanted) >= 1):
-        raise KvdiagError(f"KVDIAG_ALLOCATOR_WORKERS={wanted!r}: give a whole number of at least 1")
+    wanted = workers_setting()
     if device != "cpu" or len(allocators) < 2:
         return 1
     import torch
 
-    limit = int(wanted) if wanted else torch.get_num_threads()
-    return max(1, min(len(allocators), limit))
+    return max(1, min(len(allocators), wanted or torch.get_num_threads()))
+
+
+def workers_setting() -> int | None:
+    """KVDIAG_ALLOCATOR_WORKERS as a number, None when unset; KvdiagError when it is not a
+    whole number of at least 1."""
+    wanted = os.environ.get("KVDIAG_ALLOCATOR_WORKERS", "")
+    if wanted and not (wanted.isdigit() and int(wanted) >= 1):
+        raise KvdiagError(f"KVDIAG_ALLOCATOR_WORKERS={wanted!r}: give a whole number of at least 1")
+    return int(wanted) if wanted else None
 
 
 def _engine_config(plan: CasePlan, allocator: str, device: str, dtype: str | None):

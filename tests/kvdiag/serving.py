@@ -77,3 +77,24 @@ def probe_until_server_dies(cmd: list[str], out: Path, kill, min_rounds: int = 2
     kill()
     _, err = proc.communicate(timeout=timeout)
     return proc.returncode, err, [json.loads(x) for x in rounds.read_text().splitlines() if x.strip()]
+
+
+def assert_died_and_kept(code: int, err: str, url: str, kept: list[dict], out: Path) -> None:
+    """What probe_until_server_dies must show: exit 2 with a last line naming the server, the
+    finished rounds kept, and no run shown as finished."""
+    assert code == 2, err[-2000:]
+    last = [line for line in err.splitlines() if line.strip()][-1]
+    assert "cannot reach" in last or url in last, last
+    assert len(kept) >= 20 and not out.exists()
+
+
+def resumed_keys(out: Path, kept: list[dict]) -> list[tuple]:
+    """The (phase, session, round) of every round of the resumed run `out`, after checking
+    that none was asked twice and that every kept round is among them."""
+    import json
+
+    rows = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+    keys = [(r["phase"], r["session"], r["round"]) for r in rows]
+    assert len(keys) == len(set(keys))
+    assert {(r["phase"], r["session"], r["round"]) for r in kept} <= set(keys)
+    return keys

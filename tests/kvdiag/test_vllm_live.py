@@ -18,7 +18,7 @@ import pytest
 from kvdiag.errors import KvdiagError
 from kvdiag.paths import CANARY
 from kvdiag.vllm_local.launcher import VllmLocal, vllm_available
-from tests.kvdiag.serving import probe_until_server_dies
+from tests.kvdiag.serving import assert_died_and_kept, probe_until_server_dies, resumed_keys
 
 BLOCK = 32  # vLLM's CPU attention needs a multiple of 32
 MAX_LEN = 2048  # smoke histories stay under 1.5k tokens
@@ -114,17 +114,12 @@ def test_a_server_that_dies_mid_run_exits_2_and_the_probe_resumes(tmp_path_facto
     with _server(tmp_path_factory, None) as server:
         code, err, kept = probe_until_server_dies(_probe_cmd(server, out), out, server.kill)
         url = server.base_url
-    assert code == 2, err[-2000:]
-    last = [line for line in err.splitlines() if line.strip()][-1]
-    assert "cannot reach" in last or url in last, last
-    assert len(kept) >= 20 and not out.exists()  # the finished rounds stay, nothing shown as done
+    assert_died_and_kept(code, err, url, kept, out)
     with _server(tmp_path_factory, None) as server:  # a new vLLM, a new port, an empty cache
         code, summary, err = _probe(server, out, "--resume", str(out))
     assert code == 0, err[-2000:]
     assert summary["verdict"] == "pass"
-    rows = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
-    keys = [(r["phase"], r["session"], r["round"]) for r in rows]
-    assert len(keys) == len(set(keys)) and {(r["phase"], r["session"], r["round"]) for r in kept} <= set(keys)
+    resumed_keys(out, kept)
 
 
 def test_unknown_fault_is_refused_before_anything_starts(tmp_path):
