@@ -83,8 +83,14 @@ class TestHealthyVllm:
         assert summary["numerics_requests"] == 0  # zero divergences, not merely none decisive
         assert summary["server"]["block_size"] == BLOCK and summary["server"]["num_blocks"] == smoke_pool()
         assert summary["recycling"]["observed"], summary["recycling"]
-        shared = [r for r in summary["rounds"] if r["allocator"] == "shared" and r["round"] >= 2]
-        assert shared and all(r["block_reuse_rate"] > 0.5 for r in shared), shared
+        reuse = {(r["allocator"], r["round"]): r["block_reuse_rate"] for r in summary["rounds"]}
+        rounds = sorted({rnd for _, rnd in reuse})
+        assert all(reuse[("isolated", rnd)] == 0.0 for rnd in rounds), reuse  # a fresh salt each
+        # Round 2 is round 1's prompt plus one answer and one turn, before the pool fills: most
+        # of its blocks are cached. Later rounds recycle by design, so how far their reuse falls
+        # depends on how vLLM interleaves the sessions; the shared system prompt still hits.
+        assert reuse[("shared", 2)] > 0.5, reuse
+        assert all(reuse[("shared", rnd)] > 0.0 for rnd in rounds[1:]), reuse
 
     def test_salts_do_not_share_blocks(self, healthy):
         other_salt, same_salt = _cached_across_salts(healthy)
