@@ -3,6 +3,7 @@ server it talks to is killed."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -63,8 +64,6 @@ def probe_until_server_dies(cmd: list[str], out: Path, kill, min_rounds: int = 2
                             timeout: float = 900.0) -> tuple[int, str, list[dict]]:
     """Run the probe `cmd` (writing to `out`), call kill() once `min_rounds` rounds are
     recorded, and return the probe's exit code, its stderr and the rounds it kept."""
-    import json
-
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     rounds = out.with_name(out.name + ".partial") / "rounds.jsonl"  # unfinished: not yet `out`
     deadline = time.monotonic() + timeout
@@ -91,8 +90,6 @@ def assert_died_and_kept(code: int, err: str, url: str, kept: list[dict], out: P
 def resumed_keys(out: Path, kept: list[dict]) -> list[tuple]:
     """The (phase, session, round) of every round of the resumed run `out`, after checking
     that none was asked twice and that every kept round is among them."""
-    import json
-
     rows = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
     keys = [(r["phase"], r["session"], r["round"]) for r in rows]
     assert len(keys) == len(set(keys))
