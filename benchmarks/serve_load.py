@@ -52,7 +52,7 @@ async def drive(url: str, plan, concurrency: int) -> dict:
 
 
 def main() -> int:
-    from kvdiag.runners.plan import plan_case
+    from kvdiag.plan import plan_case
     from kvdiag.suites import load_suite
     from reference_engine.tokenizer import Tokenizer
     from tests.kvdiag.serving import served

@@ -1,57 +1,26 @@
 """The one lifecycle every kind of run goes through (ARCHITECTURE.md, "Targets and the run
-lifecycle"):
+lifecycle"), each step in its own place:
 
-    plan -> runner yields records -> metrics -> RunResult -> finish_run()
-                                                   |           writes, in the run's .partial
-    frame, summary (signature, verdict, rounds),   |           directory: results.parquet,
-    kind (which renderer shows it)                 |           summary.json, report.html;
-                                                   |           then renames it complete
-                                                   v
-                                  the CLI renders it, exits with exit_code(verdict)
+    plan      the command checks its input and opens a run directory (kvdiag.rundir)
+    measure   a runner returns records and raw facts (kvdiag.runners.*)
+    judge     the judge of its kind decides the Verdict (kvdiag.verdicts)
+    finish    finish_run() stamps the typed summary (kvdiag.summary) and writes, in the
+              run's .partial directory, results.parquet, summary.json and report.html,
+              then renames it complete; the CLI renders it and exits with its verdict's code
 
-A new kind of run adds a runner (returning a RunResult) and a renderer; nothing else.
-History rows and exports read the finished directory, so they come last.
+One module per command holds the first three (kvdiag.commands). History rows and exports
+read the finished directory, so they come last.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 
-from kvdiag.runs import SCHEMA_VERSION, RunDir, Timer, command_line, now_iso, pause, write_run
-from kvdiag.verdicts import exit_code
-
-
-@dataclass
-class RunResult:
-    """What every runner returns. `summary` is summary.json (signature, suite, verdict,
-    rounds, ...); `frame` its per-request records; `kind` names the run (reproduce, verify,
-    probe, audit, isolation, regress) and so its renderer; `extra` holds what only the
-    renderer needs (never written)."""
-
-    kind: str
-    frame: object  # pandas DataFrame of records
-    summary: dict
-    extra: dict = field(default_factory=dict)
-    run_dir: Path | None = None  # set by finish_run
-
-    @property
-    def verdict(self) -> str:
-        return self.summary.get("verdict", "fail")
-
-    @property
-    def signature(self) -> str:
-        return self.summary.get("signature", "")
-
-    @property
-    def exit_code(self) -> int:
-        return exit_code(self.verdict)
-
-    def as_json(self) -> dict:
-        """What --json prints: summary.json and where the run is."""
-        return self.summary | {"run_dir": str(self.run_dir)}
+from kvdiag.results import RunResult
+from kvdiag.rundir import RunDir, Timer, now_iso, pause, write_run
+from kvdiag.summary import SCHEMA_VERSION
 
 
 def no_progress(description: str, total: int | None = None) -> AbstractContextManager:
@@ -61,14 +30,35 @@ def no_progress(description: str, total: int | None = None) -> AbstractContextMa
     return nullcontext(lambda **_: None)
 
 
-def stamp(summary: dict, timer: Timer, kind: str, vllm_version: str | None = None) -> dict:
+def forwarding(update: Callable[..., None]) -> Callable[..., AbstractContextManager]:
+    """A `progress` of no_progress's shape that reports into a display already open (its
+    update function), for a run inside another run's progress."""
+
+    @contextmanager
+    def progress(description: str, total: int | None = None):
+        update(description=description, total=total, completed=0)
+        yield update
+
+    return progress
+
+
+def stamp(summary, timer: Timer, engine_version: str | None = None) -> None:
     """What every summary.json ends with: wall time, the (redacted) command, when, and how
     it was made."""
+    from kvdiag.cmdline import command_line
     from kvdiag.environment import describe_environment
 
-    return summary | {"wall_seconds": round(timer.seconds, 2), "command": command_line(),
-                      "created": now_iso(), "schema_version": SCHEMA_VERSION, "kind": kind,
-                      "environment": describe_environment(vllm_version=vllm_version)}
+    summary.wall_seconds = round(timer.seconds, 2)
+    summary.command = command_line()
+    summary.created = now_iso()
+    summary.schema_version = SCHEMA_VERSION
+    summary.environment = describe_environment(vllm_version=engine_version)
+
+
+def _engine_version(summary) -> str | None:
+    server = getattr(summary, "server", None) or {}
+    audit = getattr(summary, "vllm_audit", None) or {}
+    return server.get("vllm_version") or audit.get("vllm_version")
 
 
 def finish_run(result: RunResult, run: RunDir, timer: Timer, *, history=None,
@@ -79,8 +69,7 @@ def finish_run(result: RunResult, run: RunDir, timer: Timer, *, history=None,
     `before_report`: extra files to write into the run directory first."""
     from kvdiag.report.html import write_report
 
-    vllm = (result.summary.get("server") or {}).get("vllm_version") or result.summary.get("vllm_version")
-    result.summary = stamp(result.summary, timer, result.kind, vllm)
+    stamp(result.summary, timer, _engine_version(result.summary))
     write_run(run.path, result.frame, result.summary)
     pause("summary")  # test hook: a kill here leaves an unfinished (.partial) run
     if before_report is not None:

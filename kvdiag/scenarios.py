@@ -32,6 +32,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvdiag.errors import KvdiagError
+
 CONDITIONS = ("trigger", "no-caching", "no-jump", "uniform", "big-pool")
 
 
@@ -90,7 +92,7 @@ class LengthPlanner:
                  boundary: int = 4096, start_range: tuple[int, int] = (3780, 4040),
                  min_turn: int = 0) -> None:
         if condition not in CONDITIONS:
-            raise ValueError(f"unknown condition {condition!r} (known: {', '.join(CONDITIONS)})")
+            raise KvdiagError(f"unknown condition {condition!r} (known: {', '.join(CONDITIONS)})")
         self.condition, self.bs, self.boundary = condition, block_size, boundary
         self.rng = random.Random(f"lengths:{seed}:{session_index}")
         self.start_range = start_range
@@ -109,7 +111,7 @@ class LengthPlanner:
             min_len = max(min_len, self.prev + self.min_turn)
         target = getattr(self, "_" + self.condition.replace("-", "_"), self._trigger)(r, min_len, answer)
         if target < min_len:
-            raise ValueError(f"{self.condition}: round {r} needs at least {min_len} tokens, "
+            raise KvdiagError(f"{self.condition}: round {r} needs at least {min_len} tokens, "
                              f"the schedule allows {target}")
         self.prev = target
         return target

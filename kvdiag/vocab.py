@@ -5,7 +5,7 @@ from reference_engine.log_lines import GUARD_LOG_LINE, PAGED_ATTENTION_LINE
 
 # the ground-truth series of every in-process run: no paging, no prefix cache, no reuse
 CONTIGUOUS = "contiguous"
-# a case's traffic replayed through vLLM's own KVCacheManager (kvdiag.runners.vllm_replay)
+# a case's traffic replayed through vLLM's own KVCacheManager (kvdiag.runners.replay.vllm)
 VLLM = "vllm"
 # allocators expected to stay flat, besides every guarded one
 CLEAN_ALLOCATORS = ("prefix-cache", VLLM)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -105,13 +104,6 @@ def _as_ids(value) -> tuple[int, ...]:
     return tuple(int(v) for v in value)
 
 
-CHECK_INTEGRITY_ENV = "KVDIAG_CHECK_INTEGRITY"  # "1": EngineConfig.check_integrity defaults on
-
-
-def _env_check_integrity() -> bool:
-    return os.environ.get(CHECK_INTEGRITY_ENV, "") == "1"
-
-
 @dataclass(frozen=True)
 class EngineConfig:
     """How the engine runs a model. Every field has a default that suits a small CPU run.
@@ -137,8 +129,8 @@ class EngineConfig:
     recycled_block_fill: float | None = None
     # Debug: run the allocator's check_integrity() after every scheduling step, raising
     # RuntimeError at the first broken invariant (as vLLM's debug asserts do). Changes no
-    # output; costs time. Default: the environment variable KVDIAG_CHECK_INTEGRITY=1.
-    check_integrity: bool = field(default_factory=_env_check_integrity, compare=False)
+    # output; costs time.
+    check_integrity: bool = field(default=False, compare=False)
     # Load no tokenizer (vLLM's skip_tokenizer_init): requests are token ids only, stop ids
     # come from generation_config.json / config.json, and engine.tokenizer is None.
     skip_tokenizer_init: bool = False

@@ -17,9 +17,10 @@ MASKED = ("created", "wall_seconds", "seconds", "command", "environment", "schem
 PATHS = ("model", "suite_path")
 
 
-def normalized(path: str) -> str:
+def normalized(path: str, added: set[str] = frozenset()) -> str:
+    """The summary with MASKED keys and `added` keys dropped, paths cut to their last part."""
     summary = json.loads(Path(path).read_text())
-    for key in MASKED:
+    for key in (*MASKED, *added):
         summary.pop(key, None)
     for key in PATHS:
         if isinstance(summary.get(key), str):
@@ -27,10 +28,22 @@ def normalized(path: str) -> str:
     return json.dumps(summary, indent=2) + "\n"  # key order kept: byte-identical means that too
 
 
+def added_keys(old: str, new: str) -> set[str]:
+    """Top-level keys NEW has and OLD lacks, when NEW was written by a newer schema version
+    (fields may be added, none renamed: shared/ARCHITECTURE.md)."""
+    a, b = (json.loads(Path(p).read_text()) for p in (old, new))
+    if int(b.get("schema_version", 1)) <= int(a.get("schema_version", 1)):
+        return set()
+    return set(b) - set(a)
+
+
 def main(old: str, new: str) -> int:
-    a, b = normalized(old), normalized(new)
+    added = added_keys(old, new)
+    a, b = normalized(old), normalized(new, added)
     if a == b:
-        print(f"identical ({len(a)} bytes after masking {', '.join(MASKED)})")
+        also = f"; keys schema {json.loads(Path(new).read_text())['schema_version']} adds: " \
+               f"{', '.join(sorted(added))}" if added else ""
+        print(f"identical ({len(a)} bytes after masking {', '.join(MASKED)}{also})")
         return 0
     sys.stdout.writelines(difflib.unified_diff(a.splitlines(True), b.splitlines(True), old, new))
     return 1

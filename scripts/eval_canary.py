@@ -10,7 +10,7 @@ decoding, since a round's prompt is a prefix of the transcript. Reports exact-an
 and the smallest logit margin (expected logit minus the best other).
 
 --reference: also run every round of every session through the reference engine's
-contiguous mode (reference_engine/reference.py; history replayed with the expected answers)
+contiguous mode (reference_engine/contiguous.py; history replayed with the expected answers)
 and count rounds whose generated token ids equal the expected ones (answer + stop token).
 
 --corrupt: for one fact per session (stated, never asked before), replace the K/V of the
@@ -199,7 +199,7 @@ def check_corruption(tok, model, session, donor) -> dict | None:
 def check_reference(sessions, model_dir: str, dtype: str) -> dict:
     """Every round through the reference engine's contiguous mode; exact token ids."""
     from reference_engine.config import EngineConfig
-    from reference_engine.reference import ContiguousEngine
+    from reference_engine.contiguous import ContiguousEngine
 
     eng = ContiguousEngine(model_dir, EngineConfig(max_num_seqs=4, max_model_len=9216, dtype=dtype))
     tk = eng.tokenizer

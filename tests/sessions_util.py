@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 
 from reference_engine.config import EngineConfig
+from reference_engine.contiguous import ContiguousEngine
 from reference_engine.engine import LLMEngine
-from reference_engine.reference import ContiguousEngine
 from reference_engine.sessions import run_sessions
 
 

@@ -16,6 +16,7 @@ from kvdiag.cli import (
     regress,
     report,
     reproduce,
+    schema,
     serve,
 )
 
@@ -64,6 +65,7 @@ app.command("export")(export.export)
 app.command("exporter")(export.exporter)
 app.add_typer(fixtures.app, name="fixtures")
 app.add_typer(fleet.app, name="fleet")
+app.command("schema")(schema.schema)
 
 
 def main() -> None:

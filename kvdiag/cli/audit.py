@@ -31,6 +31,10 @@ def audit_vllm(
                                                      "(JSONL) to this file.")] = None,
     compare: Annotated[str, typer.Option("--compare", help="Our allocator to replay the same trace "
                                          "through, for hit counts ('none' to skip).")] = "prefix-cache",
+    fault: Annotated[str | None, typer.Option("--fault", show_default=False, help="Plant this fault "
+                                              "into vLLM in this process for the replay (the model-"
+                                              "free positive control; `kvdiag detect --list` names "
+                                              "them).")] = None,
     model: ModelOpt = None,
     device: DeviceOpt = "cpu",
     out_dir: OutOpt = None,
@@ -43,13 +47,14 @@ def audit_vllm(
     Reports foreign and unwritten slot reads per round, vLLM's reuse from its own
     prefix-cache statistics, BlockPool invariant violations, and the same trace's hit counts
     through one of our allocators. Needs vllm importable (`make vllm-env`, then
-    .venv-vllm/bin/kvdiag). Exit code: 0 no corruption, 1 foreign reads or invariant
-    violations, 2 bad input.
+    .venv-vllm/bin/kvdiag). Exit code: 0 no corruption, with cached blocks recycled; 1 foreign
+    reads, invariant violations or hits across tenants; 2 bad input, or the replay recycled
+    no cached block (inconclusive: the trigger was not reached).
 
     Example: .venv-vllm/bin/kvdiag audit-vllm --case trigger
     """
-    from kvdiag.runners.vllm_audit import audit_run
+    from kvdiag.commands.audit import audit_run
 
     out = Output(as_json)
     out.finish(audit_run(suite, case, trace=trace, write_trace=write_trace, compare=compare,
-                         model=model, device=device, out_dir=out_dir, info=out.info))
+                         model=model, device=device, out_dir=out_dir, fault=fault, info=out.info))

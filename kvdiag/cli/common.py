@@ -87,7 +87,7 @@ class EngineRun:
     no_reference_cache: NoCacheOpt = False
 
     def pipeline_args(self) -> dict:
-        """As kvdiag.pipeline.reproduce takes them."""
+        """As kvdiag.commands.reproduce.reproduce takes them."""
         args = dataclasses.asdict(self)
         args["use_cache"] = not args.pop("no_reference_cache")
         return args
@@ -121,14 +121,15 @@ def option_groups(command):
 
 
 def handle_errors(fn):
-    """Decorator: bad input or an unreachable target becomes one line on stderr and exit 2,
-    never a traceback (a bug keeps its traceback)."""
+    """Decorator: kvdiag's own errors (bad input: suite, target, endpoint, run directory,
+    options; the engine's input errors) become one line on stderr and exit 2, never a
+    traceback. Every other exception is a bug and keeps its traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except (EngineError, KvdiagError, FileNotFoundError, ValueError) as e:
+        except (EngineError, KvdiagError) as e:
             Output().error(str(e).splitlines()[0] if str(e) else type(e).__name__)
             raise typer.Exit(EXIT_ERROR) from None
         except KeyboardInterrupt:

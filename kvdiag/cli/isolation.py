@@ -64,8 +64,8 @@ def isolation(
 
     Example: kvdiag isolation --base-url http://127.0.0.1:8000 --model canary --trials 8
     """
-    from kvdiag.runners.isolation import IsolationPlan, parse_lengths
-    from kvdiag.runners.isolation_run import audit_target
+    from kvdiag.commands.isolation import audit_target
+    from kvdiag.runners.live.isolation import IsolationPlan, parse_lengths
 
     out = Output(as_json)
     plan = IsolationPlan(lengths=parse_lengths(lengths), trials=trials, warmup=warmup,

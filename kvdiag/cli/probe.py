@@ -66,8 +66,8 @@ def probe(
 
     Example: kvdiag probe --target vllm-local:stale-hash --suite smoke
     """
-    from kvdiag.pipeline import probe as run
-    from kvdiag.runners.probe import ProbeSettings
+    from kvdiag.commands.probe import probe as run
+    from kvdiag.runners.live.phases import ProbeSettings
 
     out = Output(as_json)
     settings = ProbeSettings(concurrency=concurrency, think_scale=think_scale, block_size=block_size,

@@ -36,8 +36,9 @@ def regress(
     suite: SuiteOpt = "weekly",
     target: Annotated[str, typer.Option("--target", help="reference:ALLOCATOR (the in-process "
                                         "reference engine), vllm-local[:FAULT] (a real vLLM kvdiag "
-                                        "starts, optionally with a planted fault: stale-hash, "
-                                        "salt-ignored) or the URL of an OpenAI-compatible server.")] = "reference:guarded",
+                                        "starts, optionally with a planted fault), "
+                                        "sglang-local[:FAULT] (the same for SGLang) or the URL of "
+                                        "an OpenAI-compatible server.")] = "reference:guarded",
     model: TargetModelOpt = None,
     baseline: BaselineOpt = DEFAULT_BASELINE,
     history: HistoryOpt = DEFAULT_HISTORY,
@@ -60,14 +61,16 @@ def regress(
     history, and write the HTML report (with the trend over past runs) and JUnit XML.
 
     Exit code: 0 pass; 1 a metric regressed or the run's own ground-truth check found
-    corruption (the metrics and rounds are named); 2 the run could not be made, or the
+    corruption (the metrics and rounds are named); 2 the run could not be made, the
     baseline file holds baselines of this suite but none with this run's key (a key
-    mismatch is reported, never compared). Without any baseline of the suite only the
+    mismatch is reported, never compared), or the run proves nothing (inconclusive: the
+    trigger was not reached, even when every metric matches its baseline; error: the
+    probe's ground truth hit the cache). Without any baseline of the suite only the
     ground-truth check gates. A live server runs one case.
 
     Example: kvdiag regress --suite weekly --target reference:guarded --junit reports/junit.xml
     """
-    from kvdiag.regress import job
+    from kvdiag.commands import regress as job
     from kvdiag.regress.baselines import KeyMismatch
     from kvdiag.regress.compare import Tolerances
     from kvdiag.regress.keys import parse_flags

@@ -26,7 +26,7 @@ def report(
     """
     from kvdiag.regress.history import trend
     from kvdiag.report.html import write_report
-    from kvdiag.runs import require_finished
+    from kvdiag.rundir import require_finished
 
     require_finished(run_dir)  # an interrupted run is never shown as finished
     frame = None if history is None else trend(history, run_dir)

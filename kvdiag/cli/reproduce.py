@@ -53,7 +53,7 @@ def reproduce(
 
     Example: kvdiag reproduce --case trigger --allocator buggy,guarded
     """
-    from kvdiag.pipeline import reproduce as run
+    from kvdiag.commands.reproduce import reproduce as run
 
     out = Output(as_json)
     enable_engine_log()
@@ -85,7 +85,7 @@ def verify(
 
     Example: kvdiag verify --expect-guard --allocator guarded --suite smoke
     """
-    from kvdiag.pipeline import verify as run
+    from kvdiag.commands.verify import verify as run
 
     out = Output(as_json)
     enable_engine_log()

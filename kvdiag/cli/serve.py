@@ -60,7 +60,7 @@ def serve(
     Example: kvdiag serve --allocator guarded --port 8000
     """
     from reference_engine.config import EngineConfig
-    from reference_engine.server import serve as run_server
+    from reference_engine.serve.app import serve as run_server
 
     enable_engine_log()
     config = EngineConfig(allocator=allocator, num_blocks=num_blocks, max_num_seqs=max_num_seqs,

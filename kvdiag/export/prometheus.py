@@ -12,7 +12,10 @@ serves a whole fleet, so the target tells two endpoints of the same model apart)
     kvdiag_attention_leakage             mean attention mass on foreign slots (reference engine)
     kvdiag_cache_divergence_ratio        requests whose output the cache changed / requests
     kvdiag_block_reuse_ratio             blocks served from the prefix cache / blocks needed
-    kvdiag_regress_passed                1 pass, 0 the regression gate failed
+    kvdiag_run_verdict{verdict}          the last run's verdict as a state set: 1 for its
+                                         verdict (pass, fail, inconclusive, error), 0 for
+                                         the others
+    kvdiag_regress_passed                1 pass, 0 anything else (kept for older dashboards)
     kvdiag_last_run_timestamp_seconds    when the run was made
     kvdiag_run_info                      1, with engine_version, run_id, signature
 
@@ -31,6 +34,9 @@ import os
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
+
+from kvdiag.errors import KvdiagError
+from kvdiag.verdicts import Verdict
 
 LABELS = ("model_name", "engine", "suite", "target")
 TEXTFILE_NAME = "kvdiag.prom"
@@ -106,7 +112,12 @@ class HistoryCollector:
                         for name, (_, doc) in RUN_GAUGES.items()}
         round_families = {name: GaugeMetricFamily(name, doc, labels=(*LABELS, "round"))
                           for name, (_, doc) in ROUND_GAUGES.items()}
-        passed = GaugeMetricFamily("kvdiag_regress_passed", "1 when the last regression run passed, 0 when it failed.", labels=LABELS)
+        passed = GaugeMetricFamily("kvdiag_regress_passed", "1 when the last regression run passed, "
+                                   "0 otherwise (failed, inconclusive or error: see kvdiag_run_verdict).",
+                                   labels=LABELS)
+        state = GaugeMetricFamily("kvdiag_run_verdict", "The last regression run's verdict: 1 for "
+                                  "the label value it had (pass, fail, inconclusive, error), 0 for "
+                                  "the others.", labels=(*LABELS, "verdict"))
         stamp = GaugeMetricFamily("kvdiag_last_run_timestamp_seconds", "When the last regression run was made (Unix time).", labels=LABELS)
         info = GaugeMetricFamily("kvdiag_run_info", "The last regression run: engine version, run id and signature.",
                                  labels=(*LABELS, "engine_version", "run_id", "signature"))
@@ -119,13 +130,16 @@ class HistoryCollector:
                 for name, (column, _) in ROUND_GAUGES.items():
                     if (v := _value(r.get(column))) is not None:
                         round_families[name].add_metric([*labels, str(int(r["round"]))], v)
-            passed.add_metric(labels, 1.0 if run["verdict"] == "pass" else 0.0)
+            verdict = Verdict.parse(run["verdict"])
+            passed.add_metric(labels, 1.0 if verdict.passed else 0.0)
+            for v in Verdict:
+                state.add_metric([*labels, v.value], 1.0 if v is verdict else 0.0)
             stamp.add_metric(labels, datetime.fromisoformat(run["created"]).timestamp())
             info.add_metric([*labels, str(run["engine_version"]), str(run["run_id"]),
                              str(run["signature"])], 1.0)
         yield from run_families.values()
         yield from round_families.values()
-        yield from (passed, stamp, info)
+        yield from (passed, state, stamp, info)
 
 
 def _isolation_families(rows: list[dict]):
@@ -146,7 +160,7 @@ def _isolation_families(rows: list[dict]):
         who = [str(r["model"]), str(r["target"])]
         if tuple(who) not in seen:
             seen.add(tuple(who))
-            passed.add_metric(who, 1.0 if r["verdict"] == "pass" else 0.0)
+            passed.add_metric(who, 1.0 if Verdict.parse(r["verdict"]).passed else 0.0)
         cell = [*who, str(r["config"]), str(r["length"])]
         if (v := _value(r["auc"])) is not None:
             auc.add_metric(cell, v)
@@ -171,7 +185,7 @@ def write_textfile(directory: Path, history: Path, suite: str | None = None,
     the collector ignores, synced, then renamed over the old one (never read half-written).
     A missing history is refused (FileNotFoundError)."""
     if not Path(history).exists():
-        raise FileNotFoundError(f"{history}: no history yet (kvdiag regress --history {history} makes one)")
+        raise KvdiagError(f"{history}: no history yet (kvdiag regress --history {history} makes one)")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     path, tmp = directory / name, directory / f".{name}.{os.getpid()}.tmp"

@@ -9,7 +9,6 @@ time limit (SIGALRM, so even a stuck call inside the engine is interrupted).
 from __future__ import annotations
 
 import os
-import pickle
 import signal
 import tempfile
 import threading
@@ -29,10 +28,10 @@ class CellTimeout(KvdiagError):
 
 def measure_cell(prepared, opts, cell_id: str, time_limit: float, num_cpus: float,
                  pid_dir: str | None = None) -> dict:
-    """Run one prepared regression cell (kvdiag.regress.job.prepare, done by the driver) and
+    """Run one prepared regression cell (kvdiag.commands.regress.prepare, done by the driver) and
     return {"result": RunResult, "cold": bool, "seconds": float, "files": {name: bytes},
     "pid": int}. Raises CellTimeout past `time_limit` seconds, and whatever the run raises."""
-    from kvdiag.regress import job
+    from kvdiag.commands import regress as job
 
     if pid_dir:
         Path(pid_dir, f"{cell_id}.{os.getpid()}").write_text(str(time.time()))
@@ -42,13 +41,9 @@ def measure_cell(prepared, opts, cell_id: str, time_limit: float, num_cpus: floa
         torch.set_num_threads(max(1, int(num_cpus)))
     start = time.perf_counter()
     with _time_limit(time_limit, cell_id), tempfile.TemporaryDirectory(prefix="kvdiag-cell-") as scratch:
-        cold = prepared.target.is_reference or job._reset_cache(prepared, opts)
-        result = job._run(prepared, opts, Path(scratch), lambda **_: None)
+        cold = prepared.target.is_reference or job.reset_cache(prepared, opts)
+        result = job.measure(prepared, opts, Path(scratch), lambda **_: None)
         files = {f.name: f.read_bytes() for f in Path(scratch).iterdir() if f.is_file()}
-    try:
-        pickle.dumps(result.extra)
-    except Exception:  # renderer-only objects (engines, callables) stay on the worker
-        result.extra = {}
     return {"result": result, "cold": cold, "seconds": time.perf_counter() - start,
             "files": files, "pid": os.getpid()}
 

@@ -1,7 +1,7 @@
 """The fleet's Ray driver. Each cell is one Ray task (kvdiag.fleet.cell.measure_cell) with
 its declared CPUs, a time limit and `max_retries`, so a cell whose worker process dies is
 run again by Ray. Results stream back as they finish; only this process writes: each cell's
-run directory (kvdiag.regress.job.record: atomic `.partial` -> committed), the SQLite
+run directory (kvdiag.commands.regress.record: atomic `.partial` -> committed), the SQLite
 history (one row per finished cell) and FLEET_RUN/cells.jsonl (one line per outcome).
 
     FLEET_RUN/fleet.json      the plan: fleet file, history, baseline, targets, cells
@@ -9,7 +9,9 @@ history (one row per finished cell) and FLEET_RUN/cells.jsonl (one line per outc
     FLEET_RUN/<cell id>/      that cell's regress run directory (report.html, summary.json)
 
 A prepare() that fails (dead endpoint, key mismatch, a target regress cannot run) or a task
-that raises or times out is an ERROR cell; every other cell completes. Resume skips a cell
+that raises or times out is an ERROR cell; every other cell reads its regress run's verdict
+(PASS, FAIL, INCONCLUSIVE or ERROR), and the fleet's is the worst of them
+(kvdiag.verdicts.judge_fleet). Resume skips a cell
 whose run directory is committed and whose history row exists; anything else of it is
 removed and the cell runs again, so the history never holds a cell twice.
 """
@@ -28,6 +30,7 @@ from pathlib import Path
 from kvdiag.errors import KvdiagError
 from kvdiag.fleet.cell import PID_DIR_ENV, measure_cell
 from kvdiag.fleet.spec import Cell, Fleet
+from kvdiag.verdicts import Verdict, judge_unmeasured
 
 START_ATTEMPTS = 3  # a local Ray that misses its start-up deadline is started again
 BACKSTOP = 3.0  # a cell still unanswered this many time limits after submission is cancelled
@@ -40,58 +43,12 @@ class Outcome:
     spec: str
     suite: str
     case: str
-    status: str  # PASS, FAIL or ERROR
+    status: str  # the cell's verdict in capitals: PASS, FAIL, INCONCLUSIVE or ERROR
     worst: str  # the worst metric (FAIL: the regressed metric and rounds), or the error
     run_dir: str | None = None
     run_id: str | None = None
     seconds: float | None = None
     resumed: bool = False  # finished by an earlier driver
-
-
-@dataclass
-class FleetResult:
-    """A finished fleet run, rendered and exited on like any run (kind, exit_code, as_json)."""
-    run_dir: Path
-    page: Path
-    outcomes: list[Outcome]
-    kind: str = "fleet"
-
-    @property
-    def exit_code(self) -> int:
-        """0 every cell passed; 1 a cell failed; 2 no cell failed but one could not be measured."""
-        statuses = {o.status for o in self.outcomes}
-        return 1 if "FAIL" in statuses else 2 if "ERROR" in statuses else 0
-
-    def as_json(self) -> dict:
-        return {"run_dir": str(self.run_dir), "page": str(self.page),
-                "cells": [asdict(o) for o in self.outcomes]}
-
-
-def fleet_run(fleet_file: Path, *, out: Path | None = None, resume: Path | None = None,
-              ray_address: str | None = None, num_cpus: int | None = None,
-              on_cell: Callable[[Outcome], None] = lambda o: None) -> FleetResult:
-    """kvdiag fleet run, start to finish: FLEET.yaml checked entirely before Ray starts, the
-    run directory (new, or the one to `resume`), every cell not finished yet, fleet.html."""
-    from kvdiag.fleet.page import write_page
-    from kvdiag.fleet.spec import load_fleet
-
-    fleet = load_fleet(fleet_file)  # every error here, before Ray starts
-    run_dir = resume if resume is not None else fleet_dir(out)
-    outcomes = run_fleet(fleet, run_dir, resume=resume is not None, ray_address=ray_address,
-                         num_cpus=num_cpus, on_cell=on_cell)
-    return FleetResult(run_dir, write_page(run_dir), outcomes)
-
-
-def fleet_dir(out: Path | None) -> Path:
-    from datetime import datetime, timezone
-
-    from kvdiag.paths import REPORTS
-
-    if out is not None:
-        if Path(out).exists() and any(Path(out).iterdir()):
-            raise KvdiagError(f"--out {out}: already exists and is not empty (resume it with --resume)")
-        return Path(out)
-    return REPORTS / ("fleet-" + datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"))
 
 
 def run_fleet(fleet: Fleet, run_dir: Path, *, resume: bool = False, ray_address: str | None = None,
@@ -183,12 +140,12 @@ def _finished(fleet: Fleet, run_dir: Path) -> dict[str, Outcome]:
 
 
 def _from_summary(fleet: Fleet, cell: Cell, run_dir: Path) -> Outcome:
-    from kvdiag.runs import read_summary
+    from kvdiag.rundir import read_summary
 
     summary = read_summary(run_dir)
     t, reg = fleet.by_name[cell.target], summary.get("regress", {})
     return Outcome(cell.id, t.name, t.spec, cell.suite_name, cell.case,
-                   "PASS" if reg.get("verdict") == "pass" else "FAIL", worst_metric(summary),
+                   Verdict.parse(reg.get("verdict")).value.upper(), worst_metric(summary),
                    str(run_dir), reg.get("run_id"), summary.get("wall_seconds"))
 
 
@@ -204,22 +161,22 @@ def _prepare(fleet: Fleet, run_dir: Path, cell: Cell, stack: ExitStack):
     """The cell's prepared run and options. A vllm-local cell's server is started here, on
     this machine, for this cell's suite and case (its pool sized from them), and stays up
     until `stack` closes: once its outcome is recorded."""
-    from kvdiag.regress import job
+    from kvdiag.commands import regress as job
 
     t = fleet.by_name[cell.target]
     opts = job.Options(suite=cell.suite, target=t.spec, model=t.model, cases=cell.case,
                        baseline=fleet.baseline.resolve(), history=fleet.history.resolve(),
                        out=run_dir / cell.id, flags=dict(t.flags), concurrency=t.requests,
                        api_key=os.environ.get(t.api_key_env) if t.api_key_env else None)
-    if t.kind == "vllm-local":
+    if t.kind in ("vllm-local", "sglang-local"):
         opts = stack.enter_context(job.serving(opts))
     return job.prepare(opts), opts
 
 
 def _placement(kind: str) -> dict:
-    """Ray task options by target kind: a vllm-local server listens on the driver's machine
-    (loopback), so its cells run there."""
-    if kind != "vllm-local":
+    """Ray task options by target kind: a local engine's server listens on the driver's
+    machine (loopback), so its cells run there."""
+    if kind not in ("vllm-local", "sglang-local"):
         return {}
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -275,8 +232,8 @@ def _drive(fleet: Fleet, run_dir: Path, todo: list[Cell]):
 def _record(fleet: Fleet, cell: Cell, p, opts, ref) -> Outcome:
     import ray
 
-    from kvdiag.regress import job
-    from kvdiag.runs import Timer
+    from kvdiag.commands.regress_record import record
+    from kvdiag.rundir import Timer
 
     try:
         got = ray.get(ref)
@@ -288,19 +245,21 @@ def _record(fleet: Fleet, cell: Cell, p, opts, ref) -> Outcome:
     timer = Timer()
     timer.start -= got["seconds"]
     try:
-        res = job.record(p, opts, got["result"], got["cold"], timer)
+        res = record(p, opts, got["result"], got["cold"], timer)
     except Exception as e:  # a bug while recording one cell must not lose the others
         return _error(fleet, cell, e)
     t = fleet.by_name[cell.target]
     return Outcome(cell.id, t.name, t.spec, cell.suite_name, cell.case,
-                   "PASS" if res.verdict == "pass" else "FAIL", worst_metric(res.summary),
-                   str(res.run_dir), res.run_id, round(got["seconds"], 2))
+                   res.verdict.value.upper(), worst_metric(res.summary.as_dict()),
+                   str(res.run_dir), res.extra["run_id"], round(got["seconds"], 2))
 
 
 def worst_metric(summary: dict) -> str:
     """FAIL: the first regressed metric and its rounds (or the ground-truth finding);
-    PASS: the main case's SQDR and BRAI."""
+    INCONCLUSIVE or ERROR: why; PASS: the main case's SQDR and BRAI."""
     reg = summary.get("regress", {})
+    if Verdict.parse(reg.get("verdict")) in (Verdict.INCONCLUSIVE, Verdict.ERROR):
+        return str(reg.get("reason") or summary.get("reason") or "")
     for metric, rounds in (reg.get("regressed") or {}).items():
         if rounds:
             return f"{metric}: rounds {', '.join(map(str, rounds))}"
@@ -317,5 +276,6 @@ def _error(fleet: Fleet, cell: Cell, e: BaseException) -> Outcome:
     t = fleet.by_name[cell.target]
     text = (str(e).strip().splitlines() or [type(e).__name__])[-1] if not isinstance(e, KvdiagError) \
         else str(e).splitlines()[0]
-    return Outcome(cell.id, t.name, t.spec, cell.suite_name, cell.case, "ERROR",
-                   f"{type(e).__name__}: {text}"[:300])
+    judged = judge_unmeasured(f"{type(e).__name__}: {text}"[:300])
+    return Outcome(cell.id, t.name, t.spec, cell.suite_name, cell.case,
+                   judged.verdict.value.upper(), judged.reason)

@@ -1,5 +1,6 @@
 """The fleet's one self-contained HTML page (no scripts, no external files): a matrix of
-targets x (suite, case), each cell PASS/FAIL/ERROR with its worst metric and a link to that
+targets x (suite, case), each cell's verdict (PASS, FAIL, INCONCLUSIVE, ERROR) with its worst
+metric or its reason and a link to that
 cell's own report.html, and each target's SQDR over its past runs from the history (an
 inline SVG line, failed runs marked)."""
 
@@ -11,7 +12,8 @@ from pathlib import Path
 
 from kvdiag.errors import KvdiagError
 
-COLORS = {"PASS": "#d4edda", "FAIL": "#f8d7da", "ERROR": "#fff3cd", "NOT RUN": "#eeeeee"}
+COLORS = {"PASS": "#d4edda", "FAIL": "#f8d7da", "INCONCLUSIVE": "#fde9c8", "ERROR": "#e9d5ff",
+          "NOT RUN": "#eeeeee"}
 TREND_RUNS = 52
 
 
@@ -49,7 +51,7 @@ def _svg(frame) -> str:
     w, h, n = 240, 40, len(values)
     pts = [(5 + (w - 10) * (i / max(n - 1, 1)), h - 5 - (h - 10) * v / top) for i, v in enumerate(values)]
     line = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
-    marks = "".join(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{"#c00" if v != "pass" else "#080"}"/>'
+    marks = "".join(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{"#080" if v == "pass" else "#c00" if v == "fail" else "#b7791f"}"/>'
                     for (x, y), v in zip(pts, frame["verdict"]))
     return (f'<svg width="{w}" height="{h}" role="img"><title>SQDR over the last {n} runs '
             f'(max {top:.4g})</title><polyline fill="none" stroke="#333" points="{line}"/>{marks}</svg>')
@@ -77,7 +79,7 @@ def render(run_dir: Path) -> str:
             counts[o["status"]] = counts.get(o["status"], 0) + 1
             link = (f' <a href="{esc(cid)}/report.html">report</a>'
                     if o.get("run_dir") and (run_dir / cid / "report.html").is_file() else "")
-            tds.append(f'<td style="background:{COLORS[o["status"]]}"><b>{o["status"]}</b>{link}'
+            tds.append(f'<td style="background:{COLORS.get(o["status"], "#eeeeee")}"><b>{o["status"]}</b>{link}'
                        f'<br><small>{esc(o.get("worst") or "")}</small></td>')
         past = trend(Path(plan["history"]), t["spec"])
         rows.append(f"<tr><th>{esc(t['name'])}<br><small>{esc(t['spec'])}</small></th>{''.join(tds)}"
@@ -89,10 +91,12 @@ def render(run_dir: Path) -> str:
 td,th{{border:1px solid #999;padding:4px 8px;vertical-align:top}}</style></head><body>
 <h1>kvdiag fleet: {esc(run_dir.name)}</h1>
 <p>{esc(total)}. Fleet file: <code>{esc(plan['fleet'])}</code>; history:
-<code>{esc(plan['history'])}</code>. PASS: no regression and the run's own ground truth holds;
-FAIL: a metric regressed (the first one and its rounds shown) or corruption was found;
-ERROR: the cell could not be measured (dead endpoint, task error or time limit).</p>
-<table><tr><th>target</th>{head}<th>SQDR, past runs (red: failed)</th></tr>
+<code>{esc(plan['history'])}</code>. PASS: no regression and the run's own ground truth holds,
+with the trigger reached; FAIL: a metric regressed (the first one and its rounds shown) or
+corruption was found; INCONCLUSIVE: the run proved nothing (the trigger was not reached), even
+if every metric matched its baseline; ERROR: the cell could not be measured (dead endpoint,
+task error, time limit) or its ground truth hit the cache.</p>
+<table><tr><th>target</th>{head}<th>SQDR, past runs (green: pass, red: fail, amber: other)</th></tr>
 {''.join(rows)}</table></body></html>
 """
 

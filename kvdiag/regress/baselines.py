@@ -20,7 +20,7 @@ from pathlib import Path
 
 from kvdiag.errors import KvdiagError
 from kvdiag.regress.keys import BaselineKey
-from kvdiag.runs import read_summary, require_finished
+from kvdiag.rundir import read_summary, require_finished
 
 SCHEMA = 1
 DEFAULT_PATH = Path("reports/baselines.json")
@@ -59,17 +59,17 @@ class Baseline:
 
 
 def load(path: Path) -> list[Baseline]:
-    """Every baseline in the file; [] when it does not exist. ValueError names a bad file."""
+    """Every baseline in the file; [] when it does not exist. KvdiagError names a bad file."""
     path = Path(path)
     if not path.exists():
         return []
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         if data.get("schema") != SCHEMA:
-            raise ValueError(f"{path}: baseline schema {data.get('schema')!r}, this kvdiag reads {SCHEMA}")
+            raise KvdiagError(f"{path}: baseline schema {data.get('schema')!r}, this kvdiag reads {SCHEMA}")
         return [Baseline.from_dict(b) for b in data["baselines"]]
     except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f"{path}: not a kvdiag baseline file ({type(e).__name__}: {e})") from None
+        raise KvdiagError(f"{path}: not a kvdiag baseline file ({type(e).__name__}: {e})") from None
 
 
 def save(path: Path, baselines: list[Baseline]) -> None:

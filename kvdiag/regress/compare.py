@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 
+from kvdiag.errors import KvdiagError
 from kvdiag.metrics.decay import SQDR_HEALTHY
 from kvdiag.vocab import BRAI_MAX
 
@@ -44,11 +45,11 @@ class Tolerances:
         for spec in specs:
             name, _, value = spec.partition("=")
             if name.strip() not in names:
-                raise ValueError(f"--tolerance {spec}: unknown metric (known: {', '.join(sorted(names))})")
+                raise KvdiagError(f"--tolerance {spec}: unknown metric (known: {', '.join(sorted(names))})")
             try:
                 changes[name.strip()] = float(value)
             except ValueError:
-                raise ValueError(f"--tolerance {spec}: {value!r} is not a number") from None
+                raise KvdiagError(f"--tolerance {spec}: {value!r} is not a number") from None
         return replace(self, **changes)
 
     def as_dict(self) -> dict:

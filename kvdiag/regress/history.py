@@ -4,7 +4,8 @@ transaction, leaves every earlier run intact: SQLite rolls the open transaction 
 next open, and the run's own directory still holds what it measured.
 
     runs      one row per run: identity (suite, target, engine, version, model, key),
-              verdicts, run-level SQDR / BRAI / reuse / leakage / divergence of the main case
+              verdicts (pass, fail, inconclusive or error) and why (`reason`, schema 3),
+              run-level SQDR / BRAI / reuse / leakage / divergence of the main case
     rounds    per case and round: the series under test's metrics and BRAI
     checks    every failed check of the run (metric, round, value, baseline, limit)
     isolation one row per (isolation audit, configuration, prefix length): verdict, AUC,
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from kvdiag.errors import KvdiagError
 
-SCHEMA = 2
+SCHEMA = 3
 DEFAULT_PATH = Path("reports/history.sqlite")
 # Test hook, for tests/kvdiag/test_regress.py only: when set to a file path, append() creates
 # that file inside its open transaction and sleeps, so a test can SIGKILL the process mid-write.
@@ -32,7 +33,8 @@ CREATE TABLE runs (
   series TEXT, engine TEXT, engine_version TEXT, model TEXT, key_id TEXT, key_json TEXT,
   baseline_key_id TEXT, signature TEXT, verdict TEXT NOT NULL, run_verdict TEXT,
   main_case TEXT, sqdr REAL, brai REAL, block_reuse_rate REAL, attention_leakage REAL,
-  divergence_ratio REAL, wall_seconds REAL, run_dir TEXT, command TEXT, kvdiag_version TEXT);
+  divergence_ratio REAL, wall_seconds REAL, run_dir TEXT, command TEXT, kvdiag_version TEXT,
+  reason TEXT);
 CREATE INDEX runs_suite_created ON runs (suite, created);
 CREATE TABLE rounds (
   run_id TEXT NOT NULL REFERENCES runs (run_id), case_name TEXT NOT NULL, round INTEGER NOT NULL,
@@ -52,11 +54,12 @@ RUN_COLUMNS = ("run_id", "created", "suite", "target", "series", "engine", "engi
                "model", "key_id", "key_json", "baseline_key_id", "signature", "verdict",
                "run_verdict", "main_case", "sqdr", "brai", "block_reuse_rate",
                "attention_leakage", "divergence_ratio", "wall_seconds", "run_dir", "command",
-               "kvdiag_version")
+               "kvdiag_version", "reason")
 ROUND_COLUMNS = ("fact_check_pass_rate", "bleu4", "block_reuse_rate", "brai", "attention_leakage",
                  "divergence_ratio", "foreign_slots", "unwritten_slots", "nonfinite_logits")
-MIGRATIONS: dict[int, str] = {  # from version N to N + 1
+MIGRATIONS: dict[int, str] = {  # from version N to N + 1; older rows keep their verdicts
     1: _DDL[_DDL.index("CREATE TABLE isolation"):],
+    2: "ALTER TABLE runs ADD COLUMN reason TEXT",
 }
 ISOLATION_COLUMNS = ("run_id", "created", "target", "model", "verdict", "config", "length", "auc",
                      "p_value", "cached_correct", "cached_wrong", "leaks", "run_dir")
@@ -66,7 +69,7 @@ def connect(path: Path, create: bool = True) -> sqlite3.Connection:
     """Open (creating or migrating) the history; KvdiagError names a bad or newer file."""
     path = Path(path)
     if not create and not path.exists():
-        raise FileNotFoundError(f"{path}: no history yet (kvdiag regress --history {path} makes one)")
+        raise KvdiagError(f"{path}: no history yet (kvdiag regress --history {path} makes one)")
     path.parent.mkdir(parents=True, exist_ok=True)
     con = None
     try:
@@ -156,7 +159,7 @@ def runs(path: Path, suite: str | None = None, target: str | None = None, last: 
 
 def trend(path: Path, run_dir: Path, last: int = 52):
     """The last `last` runs of RUN_DIR's suite: the trend a run's report shows."""
-    from kvdiag.runs import read_summary
+    from kvdiag.rundir import read_summary
 
     return runs(path, suite=read_summary(run_dir).get("suite"), last=last)
 

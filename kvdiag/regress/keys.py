@@ -31,7 +31,7 @@ def parse_flags(values: list[str] | None) -> dict:
     for v in values or []:
         name, sep, value = v.partition("=")
         if not sep or not name.strip():
-            raise ValueError(f"--flag {v!r}: expected NAME=VALUE")
+            raise KvdiagError(f"--flag {v!r}: expected NAME=VALUE")
         flags[name.strip()] = value.strip()
     return flags
 
@@ -80,7 +80,7 @@ def suite_sha(path: Path) -> str:
 def reference_key(suite, model_dir: Path, device: str, dtype: str | None,
                   extra_flags: dict | None = None) -> BaselineKey:
     from kvdiag import __version__
-    from kvdiag.runs import model_label
+    from kvdiag.results import model_label
 
     flags = {"block_size": suite.block_size, "max_num_seqs": suite.max_num_seqs, "device": device,
              "dtype": dtype or ("float32" if device == "cpu" else "bfloat16"),
@@ -92,65 +92,20 @@ def reference_key(suite, model_dir: Path, device: str, dtype: str | None,
 def endpoint_key(suite, base_url: str, model: str, api_key: str | None = None,
                  extra_flags: dict | None = None) -> BaselineKey:
     """Ask the server who it is; raises EndpointError when it cannot be reached."""
-    from kvdiag.runners.endpoint import Endpoint
+    from kvdiag.runners.live.endpoint import Endpoint
 
     endpoint = Endpoint(base_url, model, api_key, retries=2)
     try:
         endpoint.check()
-        engine, version = _engine_identity(endpoint)
+        who = endpoint.identity()
         flags = _cache_flags(endpoint) | {k: str(v) for k, v in (extra_flags or {}).items()}
-        entry = _model_entry(endpoint)
+        label = endpoint.model_label()
     finally:
         endpoint.sync.close()
-    sha = hashlib.sha256(json.dumps(entry, sort_keys=True).encode()).hexdigest()[:8]
-    return BaselineKey(engine, version, f"{model}@{sha}", suite.name, suite_sha(suite.path), flags)
-
-
-def _json(endpoint, path: str) -> dict | None:
-    try:
-        r = endpoint._sync("GET", path)
-        return r.json() if r.status_code == 200 else None
-    except (ValueError, KvdiagError):
-        return None
-
-
-def _engine_identity(endpoint) -> tuple[str, str]:
-    version = _json(endpoint, "/version")
-    if version and "version" in version:  # vLLM
-        return "vllm", str(version["version"])
-    info = (_json(endpoint, "/openapi.json") or {}).get("info") or {}
-    title = str(info.get("title", "")).lower()
-    if "kvdiag" in title:
-        return "kvdiag-serve", str(info.get("version", "unknown"))
-    sglang = _json(endpoint, "/get_server_info")
-    if sglang and "version" in sglang:
-        return "sglang", str(sglang["version"])
-    return (title or "unknown"), str(info.get("version", "unknown"))
+    return BaselineKey(who["name"], who["version"], label, suite.name, suite_sha(suite.path), flags)
 
 
 def _cache_flags(endpoint) -> dict:
     """The labels of vLLM's `vllm:cache_config_info` gauge that change what the cache does."""
-    try:
-        r = endpoint._sync("GET", "/metrics")
-    except KvdiagError:
-        return {}
-    if r.status_code != 200:
-        return {}
-    from prometheus_client.parser import text_string_to_metric_families
-
-    try:
-        for family in text_string_to_metric_families(r.text):
-            if family.name in ("vllm:cache_config_info", "vllm_cache_config_info"):
-                labels = family.samples[0].labels if family.samples else {}
-                return {k: str(v) for k, v in labels.items() if k in CACHE_FLAGS}
-    except ValueError:
-        return {}
-    return {}
-
-
-def _model_entry(endpoint) -> dict:
-    data = _json(endpoint, "/v1/models") or {}
-    for entry in data.get("data", []):
-        if entry.get("id") == endpoint.model:
-            return {k: entry.get(k) for k in ("id", "root", "max_model_len")}
-    return {"id": endpoint.model}
+    labels = endpoint.cache_config()
+    return {k: str(v) for k, v in labels.items() if k in CACHE_FLAGS}

@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from kvdiag.errors import KvdiagError
+
 if TYPE_CHECKING:
     from pandas import DataFrame
 
@@ -56,7 +58,7 @@ def measure(frame: DataFrame, allocator: str | None) -> dict:
 
     rows = under_test(frame, allocator)
     if rows.empty:
-        raise ValueError(f"the results hold no rows of {allocator or PROBE_SERIES!r}")
+        raise KvdiagError(f"the results hold no rows of {allocator or PROBE_SERIES!r}")
     table = per_round(rows)
     out = {}
     for case, case_rows in rows.groupby("case", sort=False):

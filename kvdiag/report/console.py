@@ -44,8 +44,11 @@ class Output:
     def key_mismatch(self, e) -> None:
         """A regression run refused on a baseline key mismatch (kvdiag.regress.baselines
         KeyMismatch): the keys' differences, never compared."""
+        from kvdiag.verdicts import judge_unmeasured
+
         if self.as_json:
-            self.json({"verdict": "error", "error": "key mismatch", "differences": e.differences,
+            verdict = judge_unmeasured("baseline key mismatch").verdict
+            self.json({"verdict": verdict.value, "error": "key mismatch", "differences": e.differences,
                        "key": e.key.as_dict(), "baseline_key": e.nearest.as_dict()})
         self.error(f"{e.path}: the baseline of suite {e.key.suite} has another key; nothing "
                    "compared:")

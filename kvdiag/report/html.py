@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kvdiag.errors import KvdiagError
 from kvdiag.metrics.decay import REFERENCE_ALLOCATORS
 from kvdiag.report.style import CSS as _CSS  # shared with the isolation page
 
@@ -91,11 +92,11 @@ def load_run(run_dir: Path) -> tuple[DataFrame, dict]:
     """The run's records and summary; FileNotFoundError / ValueError name the bad file."""
     import pandas as pd
 
-    from kvdiag.runs import read_summary
+    from kvdiag.rundir import read_summary
 
     results = run_dir / "results.parquet"
     if not results.is_file():
-        raise FileNotFoundError(f"{results}: not found (is {run_dir} a kvdiag run directory?)")
+        raise KvdiagError(f"{results}: not found (is {run_dir} a kvdiag run directory?)")
     return pd.read_parquet(results), read_summary(run_dir)
 
 

@@ -44,7 +44,7 @@ def fragment(summary: dict) -> str:
 
 def page(summary: dict) -> str:
     verdict = str(summary.get("verdict", "unknown"))
-    css_class = {"pass": "pass", "fail": "fail"}.get(verdict, "fail")
+    css_class = verdict if verdict in ("pass", "fail", "inconclusive", "error") else "error"
     meta = "".join(f"<dt>{escape(k)}</dt><dd>{escape(str(summary.get(k, '?')))}</dd>"
                    for k in ("target", "model", "signature", "created", "wall_seconds", "requests"))
     return ('<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'

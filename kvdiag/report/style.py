@@ -10,6 +10,7 @@ h1{font-size:24px;margin:18px 0 6px} h2{font-size:18px;margin:28px 0 6px}
 .verdict-inconclusive .badge{background:#b7791f;color:#1b1b1b}
 .verdict-pass{border-color:#1a7f37} .verdict-fail{border-color:#c0392b}
 .verdict-inconclusive{border-color:#b7791f}
+.verdict-error .badge{background:#6b21a8} .verdict-error{border-color:#6b21a8}
 p.meaning{margin:4px 0 8px;font-size:15px}
 dl.meta{display:grid;grid-template-columns:max-content 1fr;gap:2px 14px;margin:8px 0}
 dl.meta dt{font-weight:600;color:#444} dl.meta dd{margin:0;overflow-wrap:anywhere}

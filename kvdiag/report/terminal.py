@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import math
 
-from kvdiag.verdicts import MEANING
+from kvdiag.verdicts import Verdict
 from kvdiag.vocab import CONTIGUOUS
 
-COLOURS = {"pass": "green", "fail": "red", "inconclusive": "yellow"}
+COLOURS = {Verdict.PASS: "green", Verdict.FAIL: "red", Verdict.INCONCLUSIVE: "yellow",
+           Verdict.ERROR: "magenta"}
 
 
 def _fmt(value, spec: str) -> str:
@@ -75,13 +76,15 @@ def render(result) -> list:
 
 
 def headline(result, what: str = "") -> str:
+    """The verdict in colour and one sentence: `what`, else the summary's reason."""
     v = result.verdict
-    return f"[bold {COLOURS.get(v, 'red')}]{v.upper()}[/] {what or MEANING.get(v, '')}"
+    reason = getattr(result.summary, "reason", "") or v.meaning
+    return f"[bold {COLOURS[v]}]{v.value.upper()}[/] {what or reason}"
 
 
 def _footer(result) -> list[str]:
     return [f"signature: {result.signature}",
-            f"wall time {result.summary.get('wall_seconds', 0):.1f} s; results in {result.run_dir}/ "
+            f"wall time {result.summary.wall_seconds:.1f} s; results in {result.run_dir}/ "
             "(report.html, results.parquet, summary.json)"]
 
 
@@ -90,21 +93,21 @@ def _generic(result) -> list:
 
 
 def _reproduce(result) -> list:
-    s = result.summary
+    s = result.summary.as_dict()
     lines: list = [rounds_table(s, case) for case in s["cases"]]
     lines += [f"signature: {s['signature']}", headline(result), *verdict_lines(s)]
     return lines + _footer(result)[1:]
 
 
 def _verify(result) -> list:
-    gate = result.summary["gate"]
+    gate = result.summary.gate
     lines = [headline(result, f"{gate['name']} --allocator {gate['allocator']}: {gate['what']}")]
     lines += [f"  {line}" for line in gate["shown"]]
     return lines + _footer(result)
 
 
 def _probe(result) -> list:
-    s, frame = result.summary, result.frame
+    s, frame = result.summary.as_dict(), result.frame
     shared = frame[frame["allocator"] == "shared"]
     table = compact_table(f"probe {s['targets'][0]} ({s['isolation']} isolation)")
     for col in ("round", "BLEU-4", "fact-check", "ref fact", "diverged", "numerics", "corruption", "cached"):
@@ -130,16 +133,20 @@ def _probe(result) -> list:
     if recycling:
         seen = "observed" if recycling.get("observed") else "NOT observed"
         lines.append(f"block recycling: {seen} ({recycling.get('how') or 'no sign of it'})")
-    if result.verdict == "fail":
+    truth = s.get("ground_truth") or {}
+    if truth.get("isolated"):
+        lines.append(f"ground truth: {truth['contaminated']} of {truth['isolated']} isolated requests "
+                     f"reported cached tokens (must be 0)")
+    what = ""
+    if result.verdict is Verdict.FAIL:
         what = (f"corruption in rounds {s['corruption_rounds']} ({s['corrupted_requests']} requests; "
                 f"{s['numerics_requests']} numerics)")
-        first = s.get("first_divergence")
+        first = (s.get("first_divergences") or [None])[0]
         if first:
-            what += f"; first divergent token: {first}"
-    elif result.verdict == "pass":
+            what += (f"; first divergent token: round {first['round']} {first['session']}: "
+                     f"{first['shared_token']!r} instead of {first['isolated_token']!r}")
+    elif result.verdict is Verdict.PASS:
         what = f"no divergence beyond the noise floor ({s['numerics_requests']} numerics)"
-    else:
-        what = s.get("inconclusive_reason") or MEANING["inconclusive"]
     return lines + [headline(result, what), *_footer(result)]
 
 
@@ -154,9 +161,9 @@ def _block_reuse(replay) -> dict[int, float]:
 
 
 def _audit(result) -> list:
-    audit = result.summary["vllm_audit"]
+    audit = result.summary.vllm_audit
     theirs, ours = _block_reuse(result.extra["vllm"]), _block_reuse(result.extra["ours"])
-    table = compact_table(f"{audit['target']} · case {result.summary['cases'][0]} (hit rate: tokens; "
+    table = compact_table(f"{audit['target']} · case {result.summary.cases[0]} (hit rate: tokens; "
                           f"reuse: blocks; ours: {audit.get('compare', {}).get('allocator', '-')})")
     for col in ("round", "hit rate", "reuse", "ours", "foreign", "unwritten", "sessions"):
         table.add_column(col, justify="right")
@@ -174,17 +181,16 @@ def _audit(result) -> list:
         lines.append(f"hit counts vs {cmp['allocator']}: {cmp['requests_differing']} of {cmp['requests']} "
                      f"requests differ (ours {cmp['blocks_hit']} blocks, vLLM {cmp['vllm_blocks_hit']})")
         lines += [f"  {st['stage']}: {st['requests_differing']} differ" for st in cmp["explained"][1:]]
-    lines.append(f"invariant violations: {audit['invariant_violations']}")
+    lines.append(f"invariant violations: {audit['invariant_violations']}; cached blocks "
+                 f"recycled: {audit.get('recycled_blocks', 0)}"
+                 + (f"; planted fault: {result.summary.fault}" if result.summary.fault else ""))
     lines += [f"  {line}" for line in audit["invariant_messages"][:10]]
-    rounds = audit["corrupted_rounds"]
-    what = ("corruption found" + (f" in rounds {rounds}" if rounds else "") if audit["corrupted"]
-            else "no foreign slot read, invariants held")
-    return lines + [headline(result, what), *_footer(result)]
+    return lines + [headline(result), *_footer(result)]
 
 
 def _regress(result) -> list:
-    reg = result.summary["regress"]
-    table = compact_table(f"regress {reg['target']} · suite {result.summary['suite']}")
+    reg = result.summary.as_dict()["regress"]
+    table = compact_table(f"regress {reg['target']} · suite {result.summary.suite}")
     for col in ("case", "series", "SQDR", "BRAI", "reuse", "leakage", "divergence"):
         table.add_column(col, justify="left" if col in ("case", "series") else "right")
     for case, m in reg["measurement"].items():
@@ -192,12 +198,12 @@ def _regress(result) -> list:
             m["sqdr"], reg["brai"].get(case), m["block_reuse_rate"], m["attention_leakage"],
             m["divergence_ratio"])))
     lines: list = [table]
-    lines.append(f"signature: {result.summary.get('signature')}")
+    lines.append(f"signature: {result.summary.signature}")
     base = reg["baseline"]
     lines.append(f"baseline: {base['run_id']} ({base['target']}, {base['created']}) key {base['key_id']}"
                   if base else "baseline: none (ground-truth check only)")
-    if result.verdict == "pass":
-        lines.append(headline(result, "no regression"))
+    if result.verdict is not Verdict.FAIL:
+        lines.append(headline(result))
     else:
         named = ", ".join(f"{m} (rounds {', '.join(map(str, r)) if r != [0] else 'whole run'})"
                           for m, r in reg["regressed"].items())
@@ -212,8 +218,9 @@ def _regress(result) -> list:
                 first = c["message"].split("; ")[0]
                 lines.append(f"  {c['case']}: {int(c['value'])} ground-truth finding(s) against the "
                               f"run's own reference, first: {first}")
-    lines.append(f"run {result.run_id}: {result.run_dir}/report.html"
-                  + (f"; JUnit {result.junit}" if result.junit else ""))
+    junit = result.extra.get("junit")
+    lines.append(f"run {reg['run_id']}: {result.run_dir}/report.html"
+                 + (f"; JUnit {junit}" if junit else ""))
     return lines
 
 
@@ -240,14 +247,14 @@ def _isolation(result) -> list:
                      f"{', '.join(str(c['length']) for c in exposed)} tokens; at {worst['length']}: "
                      f"AUC {worst['auc']:.2f}, cached {worst['cached_correct_mean']:.0f} vs "
                      f"{worst['cached_wrong_mean']:.0f}")
-    return lines + [f"[bold {COLOURS.get(iso.verdict, 'yellow')}]{iso.verdict.upper()}[/]: {iso.reason}",
+    return lines + [headline(result),
                     f"{iso.requests} requests, {iso.wall_seconds:.1f} s; run directory {result.run_dir}"]
 
 
 def _fleet(result) -> list:
-    statuses = [o.status for o in result.outcomes]
-    counts = ", ".join(f"{statuses.count(s)} {s}" for s in ("PASS", "FAIL", "ERROR") if s in statuses)
-    return [f"fleet {result.run_dir}: {counts}; page {result.page}"]
+    verdict = result.verdict
+    return [f"[bold {COLOURS[verdict]}]{verdict.value.upper()}[/] fleet {result.run_dir}: "
+            f"{result.judgement.reason}; page {result.page}"]
 
 
 HISTORY_COLUMNS = ("created", "run_id", "suite", "target", "engine", "engine_version", "model",
@@ -270,7 +277,8 @@ def history_table(frame, title: str):
     for row in frame.to_dict("records"):
         numbers = [_fmt(row[c], ".4f") for c in ("sqdr", "brai", "divergence_ratio")]
         table.add_row(str(row["created"])[:16].replace("T", " "), str(row["run_id"]), str(row["target"]),
-                      str(row["verdict"]), *numbers, style="red" if row["verdict"] == "fail" else None)
+                      str(row["verdict"]), *numbers,
+                      style=None if row["verdict"] == "pass" else "red" if row["verdict"] == "fail" else "yellow")
     return table
 
 

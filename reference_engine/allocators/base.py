@@ -128,6 +128,12 @@ class BlockAllocator(ABC):
         """Forget every cached block; False when the allocator cannot right now."""
         return False
 
+    @property
+    def num_evicted(self) -> int:
+        """Cached blocks recycled so far (their cached content discarded): the recycling the
+        trigger needs. 0 for an allocator without a prefix cache."""
+        return 0
+
     def usage(self) -> float:
         """Fraction of blocks held by running sequences (vLLM's kv_cache_usage_perc)."""
         return 1.0 - self.num_free_blocks / self.num_blocks

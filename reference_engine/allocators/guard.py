@@ -71,6 +71,10 @@ class SequenceGuard(BlockAllocator):
     def num_free_blocks(self) -> int:
         return self.inner.num_free_blocks
 
+    @property
+    def num_evicted(self) -> int:
+        return self.inner.num_evicted
+
     def lookup(self, seq: Sequence) -> MatchResult:
         match = self.inner.lookup(seq)
         for i, block_id in enumerate(match.block_ids):

@@ -52,11 +52,15 @@ class PrefixCacheAllocator(PrefixCachingAllocator):
         self.used_block_ids: set[int] = set()
         self.entry_generation: dict[bytes, tuple[int, int]] = {}
         self.num_recycled = 0  # blocks handed out again after an earlier owner
-        self.num_evicted = 0  # of those, blocks whose cached content was discarded
+        self._num_evicted = 0  # of those, blocks whose cached content was discarded
 
     @property
     def num_free_blocks(self) -> int:
         return len(self.free_block_ids)
+
+    @property
+    def num_evicted(self) -> int:
+        return self._num_evicted
 
     # --- lookup ------------------------------------------------------------------------
     def lookup(self, seq: Sequence) -> MatchResult:
@@ -119,7 +123,7 @@ class PrefixCacheAllocator(PrefixCachingAllocator):
         for _ in range(n):
             block = self.pop_free_block()
             if block.block_hash is not None:
-                self.num_evicted += 1
+                self._num_evicted += 1
             self.evict_cached_block(block)
             if block.ever_used:
                 recycled.append(block.block_id)

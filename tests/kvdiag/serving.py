@@ -52,7 +52,7 @@ def served(*args: str, timeout: float = 120.0, env: dict[str, str] | None = None
 
 def smoke_pool() -> int:
     """The pool the smoke suite's trigger case recycles in (as the in-process runner sizes it)."""
-    from kvdiag.runners.plan import plan_case
+    from kvdiag.plan import plan_case
     from kvdiag.suites import load_suite
     from reference_engine.tokenizer import Tokenizer
 

@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from kvdiag.errors import EndpointError
-from kvdiag.runners.endpoint import Endpoint
-from kvdiag.runners.retry import retry_after_seconds
+from kvdiag.runners.live.endpoint import Endpoint
+from kvdiag.runners.live.retry import retry_after_seconds
 
 MODELS = {"data": [{"id": "canary"}]}
 

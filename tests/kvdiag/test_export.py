@@ -215,6 +215,24 @@ def test_grafana_dashboard():
     assert {v["name"] for v in dash["templating"]["list"]} >= {"datasource", "suite", "model_name"}
 
 
+SCHEMA_1 = """
+CREATE TABLE runs (
+  run_id TEXT PRIMARY KEY, created TEXT NOT NULL, suite TEXT NOT NULL, target TEXT NOT NULL,
+  series TEXT, engine TEXT, engine_version TEXT, model TEXT, key_id TEXT, key_json TEXT,
+  baseline_key_id TEXT, signature TEXT, verdict TEXT NOT NULL, run_verdict TEXT,
+  main_case TEXT, sqdr REAL, brai REAL, block_reuse_rate REAL, attention_leakage REAL,
+  divergence_ratio REAL, wall_seconds REAL, run_dir TEXT, command TEXT, kvdiag_version TEXT);
+CREATE TABLE rounds (
+  run_id TEXT NOT NULL REFERENCES runs (run_id), case_name TEXT NOT NULL, round INTEGER NOT NULL,
+  fact_check_pass_rate REAL, bleu4 REAL, block_reuse_rate REAL, brai REAL,
+  attention_leakage REAL, divergence_ratio REAL, foreign_slots INTEGER,
+  unwritten_slots INTEGER, nonfinite_logits INTEGER, PRIMARY KEY (run_id, case_name, round));
+CREATE TABLE checks (
+  run_id TEXT NOT NULL REFERENCES runs (run_id), case_name TEXT, metric TEXT NOT NULL,
+  round INTEGER, value REAL, baseline REAL, limit_value REAL, message TEXT);
+"""  # the history as kvdiag wrote it before isolation audits were recorded
+
+
 def test_a_schema_1_history_gains_the_isolation_table(tmp_path):
     """A history written before isolation audits were recorded opens, migrates to the
     current schema in place, and keeps its runs."""
@@ -224,13 +242,40 @@ def test_a_schema_1_history_gains_the_isolation_table(tmp_path):
 
     path = tmp_path / "old.sqlite"
     with sqlite3.connect(path) as con:
-        con.executescript(H._DDL[:H._DDL.index("CREATE TABLE isolation")])
+        con.executescript(SCHEMA_1)
         con.execute("INSERT INTO runs (run_id, created, suite, target, verdict) VALUES "
                     "('r1', '2026-11-01T00:00:00+00:00', 'weekly', 'reference:guarded', 'pass')")
         con.execute("PRAGMA user_version=1")
     H.connect(path).close()
     with sqlite3.connect(path) as con:
-        assert con.execute("PRAGMA user_version").fetchone()[0] == H.SCHEMA == 2
+        assert con.execute("PRAGMA user_version").fetchone()[0] == H.SCHEMA == 3
         assert con.execute("SELECT run_id FROM runs").fetchall() == [("r1",)]
         assert con.execute("SELECT COUNT(*) FROM isolation").fetchone()[0] == 0
     assert H.latest_isolation(path) == []
+
+
+def test_a_history_written_by_the_previous_release_migrates_and_keeps_its_verdicts(tmp_path):
+    """tests/fixtures/history-schema2.sqlite was written by the release before the one
+    verdict (schema 2): a buggy allocator on a pool that never recycled recorded as "pass"
+    (run_verdict "inconclusive"), and a guarded run. It opens, gains `reason`, keeps both
+    rows as they were, and takes a new run beside them."""
+    import shutil
+    import sqlite3
+
+    from kvdiag.regress import history as H
+
+    path = tmp_path / "history.sqlite"
+    shutil.copy(Path(__file__).resolve().parents[1] / "fixtures" / "history-schema2.sqlite", path)
+    before = H.runs(path)
+    assert list(before["verdict"]) == ["pass", "pass"]
+    with sqlite3.connect(path) as con:
+        assert con.execute("PRAGMA user_version").fetchone()[0] == 3  # runs() migrated it
+        columns = [r[1] for r in con.execute("PRAGMA table_info(runs)")]
+    assert columns[-1] == "reason"
+    after = H.runs(path)
+    assert list(after["run_verdict"]) == ["inconclusive", "pass"] and after["reason"].isna().all()
+    row = {c: before.iloc[1][c] for c in H.RUN_COLUMNS if c in before} | {
+        "run_id": "new", "created": "2026-12-31T00:00:00+00:00", "verdict": "inconclusive",
+        "reason": "the trigger was not reached"}
+    H.append(path, row, [], [])
+    assert list(H.runs(path)["verdict"]) == ["pass", "pass", "inconclusive"]

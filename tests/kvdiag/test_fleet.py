@@ -145,7 +145,7 @@ def test_a_vllm_local_cell_starts_its_own_server(tmp_path):
     from kvdiag.errors import KvdiagError
 
     try:
-        from kvdiag.vllm_local.launcher import find_vllm_python
+        from kvdiag.engines.vllm.launcher import find_vllm_python
 
         find_vllm_python()
     except (ImportError, KvdiagError) as e:

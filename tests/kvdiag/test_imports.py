@@ -97,7 +97,7 @@ def test_layers():
     graph = _graph()
     bad = [f"{m} -> {t}" for m, targets in graph.items() for t in targets
            if (m.startswith("reference_engine") and t.startswith("kvdiag"))
-           or (m.startswith("kvdiag.runners") and (t.startswith("kvdiag.cli") or t == "kvdiag.pipeline"))
+           or (m.startswith("kvdiag.runners") and (t.startswith("kvdiag.cli") or t == "kvdiag.commands.reproduce"))
            or (m != "kvdiag.__main__" and not m.startswith("kvdiag.cli") and t.startswith("kvdiag.cli"))]
     assert bad == []
 

@@ -17,9 +17,11 @@ import pytest
 from typer.testing import CliRunner
 
 from kvdiag.cli import app
+from kvdiag.errors import KvdiagError
 from kvdiag.metrics.auc import bootstrap_ci, rank_test, roc_auc
 from kvdiag.report.isolation import page
-from kvdiag.runners.isolation import IsolationPlan, judge, parse_lengths
+from kvdiag.runners.live.isolation import IsolationPlan, mark_leaks, parse_lengths
+from kvdiag.verdicts import Verdict, judge_isolation
 from tests.kvdiag.serving import free_port, served
 
 LENGTHS = "16,256,2048"  # one block, a few, and a prefix whose cached prefill is much faster
@@ -83,31 +85,34 @@ def _cells(per_tenant_cached=0, control_cached=64, per_tenant_auc=0.5, per_tenan
             _cell("per-tenant", 64, per_tenant_cached, 0, per_tenant_auc, per_tenant_p)]
 
 
+def _judge(cells, error=None):
+    return judge_isolation(mark_leaks(cells, IsolationPlan(lengths=(64,))), (64,), error)
+
+
 def test_verdicts_follow_the_per_tenant_configuration_and_the_control():
-    plan = IsolationPlan(lengths=(64,))
-    assert judge(_cells(), (64,), plan, None)[0] == "pass"
-    verdict, reason, leaks = judge(_cells(per_tenant_cached=64), (64,), plan, None)
-    assert verdict == "fail" and "64-token" in reason and leaks[0]["config"] == "per-tenant"
-    assert judge(_cells(per_tenant_auc=0.95, per_tenant_p=1e-4), (64,), plan, None)[0] == "fail"
+    assert _judge(_cells()).verdict is Verdict.PASS
+    judged = _judge(_cells(per_tenant_cached=64))
+    assert judged.verdict is Verdict.FAIL and "64-token" in judged.reason
+    assert judged.details["leaks"][0]["config"] == "per-tenant"
+    assert _judge(_cells(per_tenant_auc=0.95, per_tenant_p=1e-4)).verdict is Verdict.FAIL
     # a significant but small timing difference is not a leak (min_auc), nor a large but noisy one
-    assert judge(_cells(per_tenant_auc=0.6, per_tenant_p=1e-4), (64,), plan, None)[0] == "pass"
-    assert judge(_cells(per_tenant_auc=0.9, per_tenant_p=0.05), (64,), plan, None)[0] == "pass"
-    verdict, reason, _ = judge(_cells(control_cached=0), (64,), plan, None)
-    assert verdict == "inconclusive" and "positive control" in reason
-    assert judge(_cells(), (64,), plan, "stopped at --max-seconds 5")[0] == "inconclusive"
+    assert _judge(_cells(per_tenant_auc=0.6, per_tenant_p=1e-4)).verdict is Verdict.PASS
+    assert _judge(_cells(per_tenant_auc=0.9, per_tenant_p=0.05)).verdict is Verdict.PASS
+    judged = _judge(_cells(control_cached=0))
+    assert judged.verdict is Verdict.INCONCLUSIVE and "positive control" in judged.reason
+    assert _judge(_cells(), "stopped at --max-seconds 5").verdict is Verdict.INCONCLUSIVE
 
 
 def test_page_draws_one_plot_per_configuration_and_no_scripts():
-    cells = _cells()
-    judge(cells, (64,), IsolationPlan(lengths=(64,)), None)
+    cells = mark_leaks(_cells(), IsolationPlan(lengths=(64,)))
     html = page({"verdict": "pass", "reason": "r", "isolation": {"cells": cells}})
     assert html.count("<svg") == 3 and "<script" not in html.lower()
 
 
 def test_bad_plans_are_refused():
-    with pytest.raises(ValueError, match="'x16'"):
+    with pytest.raises(KvdiagError, match="'x16'"):
         parse_lengths("16,x16")
-    with pytest.raises(ValueError, match="--trials"):
+    with pytest.raises(KvdiagError, match="--trials"):
         IsolationPlan(trials=0)
 
 
@@ -206,7 +211,7 @@ def _vllm_local():
     from kvdiag.errors import KvdiagError
 
     try:
-        from kvdiag.vllm_local.launcher import VllmLocal, find_vllm_python
+        from kvdiag.engines.vllm.launcher import VllmLocal, find_vllm_python
 
         find_vllm_python()
     except (ImportError, KvdiagError) as e:

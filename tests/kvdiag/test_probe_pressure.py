@@ -12,10 +12,12 @@ import sys
 import pytest
 import yaml
 
+from kvdiag.commands.probe import judge
 from kvdiag.paths import SUITES
-from kvdiag.runners.probe import ProbeSettings
-from kvdiag.runners.probe_run import run_probe
+from kvdiag.runners.live.phases import ProbeSettings
+from kvdiag.runners.live.probe_run import run_probe
 from kvdiag.suites import load_suite
+from kvdiag.verdicts import Verdict
 from tests.kvdiag.serving import served
 
 
@@ -34,16 +36,16 @@ def test_without_recycling_the_verdict_is_inconclusive_not_pass(tmp_path):
     (tmp_path / "run").mkdir()
     with served("--allocator", "guarded", "--max-model-len", "2048", "--num-blocks", "3000",
                 timeout=600) as (url, _):
-        result = run_probe(url, "canary", suite, suite.cases[0], tmp_path / "run",
-                           settings=ProbeSettings(max_pressure_sessions=0, floor_sessions=1))
-    summary = result.summary
-    assert summary["server"]["source"] == "cache_config_info"
-    assert summary["server"]["num_blocks"] == 3000 and summary["server"]["block_size"] == 16
-    assert summary["corrupted_requests"] == 0
-    assert summary["recycling"] == {"observed": False, "how": "not observed", "evictions": None,
-                                    "requests_with_recycled_prefix": 0, "pressure_sessions": 0}
-    assert summary["verdict"] == "inconclusive"
-    assert summary["inconclusive_reason"].startswith("trigger not reached")
+        run = run_probe(url, "canary", suite, suite.cases[0], tmp_path / "run",
+                        settings=ProbeSettings(max_pressure_sessions=0, floor_sessions=1))
+    assert run.server.source == "cache_config_info"
+    assert run.server.num_blocks == 3000 and run.server.block_size == 16
+    assert run.count("corruption") == 0
+    assert run.recycling == {"observed": False, "how": "not observed", "evictions": 0.0,
+                             "requests_with_recycled_prefix": 0, "pressure_sessions": 0}
+    assert run.ground_truth["isolated"] > 0 and run.ground_truth["contaminated"] == 0
+    judged = judge(run)
+    assert judged.verdict is Verdict.INCONCLUSIVE and judged.reason.startswith("trigger not reached")
 
 
 @pytest.mark.slow

@@ -9,9 +9,9 @@ import json
 import pytest
 
 from kvdiag.paths import CANARY
-from kvdiag.runners import reference_cache
-from kvdiag.runners.plan import plan_case
-from kvdiag.runners.reference import run_case
+from kvdiag.plan import plan_case
+from kvdiag.runners.reference import cache as reference_cache
+from kvdiag.runners.reference.engine import run_case
 from kvdiag.suites import load_suite, resolve_suite_path, with_overrides
 
 
@@ -35,7 +35,7 @@ def cache_home(tmp_path, monkeypatch):
 
 
 def _forbid_compute(monkeypatch):
-    import reference_engine.reference as ref
+    import reference_engine.contiguous as ref
 
     def refuse(*_a, **_k):
         raise AssertionError("the contiguous reference was recomputed")

@@ -192,7 +192,7 @@ def test_sigkill_at_any_point_never_records_an_unfinished_run(smoke, tmp_path, p
     the history transaction: no run is recorded without all of its files, the database
     passes integrity_check, an unfinished directory never opens as a verdict, and a rerun
     works."""
-    from kvdiag.runs import PAUSE_ENV
+    from kvdiag.rundir import PAUSE_ENV
 
     d, *_ = smoke
     history = tmp_path / "history.sqlite"
@@ -273,7 +273,7 @@ def test_the_weekly_suite_is_long():
 
 @pytest.mark.slow
 def test_the_weekly_canary_plan_grows_200_tokens_per_turn_across_4096():
-    from kvdiag.runners.plan import plan_case
+    from kvdiag.plan import plan_case
     from kvdiag.suites import load_suite
     from reference_engine.tokenizer import Tokenizer
 

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from kvdiag.environment import describe_environment
+from kvdiag.errors import KvdiagError
 from kvdiag.metrics.decay import per_round, summarize
 from kvdiag.report import render_report, write_report
 from kvdiag.report.meaning import rerun_command
@@ -141,7 +142,7 @@ def test_report_without_history_or_leakage(tmp_path: Path) -> None:
 
 
 def test_missing_run_files_are_named(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="results.parquet"):
+    with pytest.raises(KvdiagError, match="results.parquet"):
         write_report(tmp_path)
     html = render_report(synthetic_results(2, 3), {"verdict": "pass", "suite": "smoke"})
     assert "not recorded" in html  # an old summary without `command` still renders
@@ -240,25 +241,28 @@ def table(html: str, name: str) -> pd.DataFrame:
 
 
 def test_verdict_is_said_in_words_next_to_the_badge() -> None:
+    """The badge and its sentence are the judge's verdict and reason, for every verdict."""
+    from kvdiag.summary import ReproduceSummary
+    from kvdiag.verdicts import Verdict, judge_probe
+
     results = synthetic_results(sessions=2, rounds=3)
-    found = {"trigger/buggy": ["round 2: 3 foreign slots"]}
-    cases = {
-        "pass": ({**GATES}, found, ["trigger/guarded", "trigger/buggy", "reproduced"]),
-        "fail": ({"trigger/guarded": {"passed": False, "failures": ["round 3"]}}, found,
-                 ["trigger/guarded", "departed"]),
-        "inconclusive": (GATES, {"trigger/buggy": []}, ["not reproduced", "trigger/buggy"]),
-    }
-    for verdict, (gates, faults, words) in cases.items():
-        html = render_report(results, {"verdict": verdict, "gates": gates, "faults": faults})
+    probe = judge_probe(corrupted=3, rounds=[2, 3], recycling_observed=True, recycling_how="x",
+                        contaminated=0, isolated=6, isolation="cache_salt", pool="p")
+    contaminated = judge_probe(corrupted=0, rounds=[], recycling_observed=True, recycling_how="x",
+                               contaminated=2, isolated=6, isolation="cache_salt", pool="p")
+    cases = [(Verdict.PASS, "trigger/guarded stayed flat"), (Verdict.FAIL, probe.reason),
+             (Verdict.INCONCLUSIVE, "the trigger was not reached"), (Verdict.ERROR, contaminated.reason)]
+    for verdict, reason in cases:
+        html = render_report(results, {"verdict": verdict.value, "reason": reason})
         meaning = re.search(r'<p class="meaning" id="verdict-meaning">([^<]*)</p>', html)[1]
-        assert meaning.startswith(verdict.upper())
-        for word in words:
-            assert word in meaning, (verdict, word, meaning)
-        assert f'<header class="verdict-{verdict}">' in html
-    probe = render_report(results, {"verdict": "fail", "corrupted_requests": 3,
-                                    "corruption_rounds": [2, 3]})
-    assert "3 requests answered from the shared prefix cache" in probe
-    assert ".verdict-inconclusive .badge{background:#b7791f" in probe  # amber
+        assert meaning.startswith(f"{verdict.value.upper()}: ") and reason[1:] in meaning
+        assert f'<header class="verdict-{verdict.value}">' in html
+    assert "3 requests answered from the shared prefix cache" in probe.reason
+    old = render_report(results, {"verdict": "inconclusive"})  # written before `reason` existed
+    assert "the trigger was not reproduced or not reached" in old
+    assert ".verdict-inconclusive .badge{background:#b7791f" in old  # amber
+    assert ".verdict-error .badge{background:#6b21a8" in old
+    assert "reason" in ReproduceSummary.model_fields
 
 
 def test_counts_are_integers_and_the_reference_has_no_brai(tmp_path: Path) -> None:

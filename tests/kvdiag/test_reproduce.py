@@ -169,7 +169,7 @@ def test_check_integrity_on_the_default_case(tmp_path):
 def test_allocators_side_by_side_give_what_they_give_in_turn(monkeypatch):
     """On CPU run_case runs the allocators in threads, each single-threaded: every record and
     each allocator's engine log equal those of a run in turn (KVDIAG_ALLOCATOR_WORKERS=1)."""
-    from kvdiag.runners.reference import allocator_workers, run_case
+    from kvdiag.runners.reference.engine import allocator_workers, run_case
 
     plan, checkpoint = _smoke_trigger()
     names = ["buggy", "guarded"]
@@ -191,15 +191,15 @@ def test_a_failing_allocator_stops_the_others_and_its_error_is_raised(monkeypatc
     """Side by side, buggy under --check-integrity raises at its first stale entry; guarded,
     beside it, stops at its next step instead of running to the end, and the error raised is
     buggy's own."""
-    from kvdiag.runners.reference import run_case
+    from kvdiag.runners.reference.engine import run_case
     from reference_engine.errors import IntegrityError
 
     plan, checkpoint = _smoke_trigger()
-    monkeypatch.setenv("KVDIAG_CHECK_INTEGRITY", "1")
     monkeypatch.setenv("KVDIAG_ALLOCATOR_WORKERS", "2")
     finished = []
     with pytest.raises(IntegrityError, match="stale hash entry"):
-        run_case(plan, checkpoint, ["buggy", "guarded"], progress=finished.append)
+        run_case(plan, checkpoint, ["buggy", "guarded"], progress=finished.append,
+                 check_integrity=True)
     turns = sum(len(s.rounds) for s in plan.sessions)
     # the contiguous reference's turns, then fewer than a whole run of either allocator
     assert turns <= len(finished) < 2 * turns
@@ -207,7 +207,7 @@ def test_a_failing_allocator_stops_the_others_and_its_error_is_raised(monkeypatc
 
 def _smoke_trigger():
     from kvdiag.paths import CANARY
-    from kvdiag.runners.plan import plan_case
+    from kvdiag.plan import plan_case
     from kvdiag.suites import load_cases
     from reference_engine.loader import load_checkpoint
 

@@ -118,9 +118,9 @@ def test_probe_plans_the_same_lengths_by_usage_as_by_tokenize(server):
     """Without /tokenize the probe counts with usage.prompt_tokens: same schedule."""
     import dataclasses
 
-    from kvdiag.runners.endpoint import Endpoint
-    from kvdiag.runners.plan import plan_case
-    from kvdiag.runners.probe import RemoteTokenizer
+    from kvdiag.plan import plan_case
+    from kvdiag.runners.live.endpoint import Endpoint
+    from kvdiag.runners.live.tokenizer import RemoteTokenizer
     from kvdiag.suites import load_suite
 
     suite = load_suite("smoke")

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from kvdiag.errors import KvdiagError
-from kvdiag.runners.trace import (
+from kvdiag.runners.replay.trace import (
     Trace,
     TraceConfig,
     TraceRequest,
@@ -51,7 +51,7 @@ def trigger_trace() -> Trace:
 
 @pytest.fixture(scope="module")
 def api():
-    from kvdiag.runners.vllm_api import load
+    from kvdiag.runners.replay.vllm_api import load
 
     return load()
 
@@ -83,7 +83,7 @@ def test_trace_round_trips_and_bad_traces_name_the_line(tmp_path, trigger_trace)
 
 
 def test_missing_vllm_is_a_one_line_error(monkeypatch):
-    from kvdiag.runners.vllm_api import load
+    from kvdiag.runners.replay.vllm_api import load
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ImportError
     with pytest.raises(KvdiagError, match="vllm is not importable .*make vllm-env") as e:
@@ -96,7 +96,7 @@ def test_missing_vllm_is_a_one_line_error(monkeypatch):
 def test_unsupported_vllm_version_is_a_one_line_error(monkeypatch):
     import vllm
 
-    from kvdiag.runners.vllm_api import load
+    from kvdiag.runners.replay.vllm_api import load
 
     monkeypatch.setattr(vllm, "__version__", "0.20.2")
     with pytest.raises(KvdiagError, match=r"vllm 0\.20\.2 is not supported .*0\.17\.x and 0\.33\.x"):
@@ -107,7 +107,7 @@ def test_unsupported_vllm_version_is_a_one_line_error(monkeypatch):
 def test_trigger_through_vllm_reads_no_foreign_slot(trigger_trace, api, monkeypatch):
     from vllm.v1.core.block_pool import BlockPool
 
-    from kvdiag.runners.vllm_replay import replay_vllm
+    from kvdiag.runners.replay.vllm import replay_vllm
 
     evicted = []
     real = BlockPool._maybe_evict_cached_block
@@ -135,8 +135,8 @@ def test_trigger_through_vllm_reads_no_foreign_slot(trigger_trace, api, monkeypa
 def test_planted_stale_hash_in_vllm_is_detected_and_rounds_named(trigger_trace, api, monkeypatch):
     from vllm.v1.core.block_pool import BlockPool
 
-    from kvdiag.runners.vllm_audit import vllm_section
-    from kvdiag.runners.vllm_replay import replay_vllm
+    from kvdiag.runners.replay.audit import vllm_section
+    from kvdiag.runners.replay.vllm import replay_vllm
 
     # The planted fault: a recycled block keeps its hash -> block entry.
     monkeypatch.setattr(BlockPool, "_maybe_evict_cached_block", lambda self, block: False)
@@ -155,7 +155,7 @@ def test_planted_stale_hash_in_vllm_is_detected_and_rounds_named(trigger_trace, 
 
 @needs_vllm
 def test_same_trace_through_prefix_cache_gives_vllms_hits_once_policies_align(trigger_trace, api):
-    from kvdiag.runners.hit_diff import explain
+    from kvdiag.runners.replay.hit_diff import explain
 
     stages = explain(trigger_trace, api)
     first, last = stages[0], stages[-1]
@@ -178,8 +178,8 @@ def _tiny_trace(prompts, outputs, salts, num_blocks=64, max_num_seqs=4) -> Trace
 
 @needs_vllm
 def test_cache_salt_isolates_tenants_in_vllm_and_ours(api):
-    from kvdiag.runners.replay import replay_allocator
-    from kvdiag.runners.vllm_replay import replay_vllm
+    from kvdiag.runners.replay.drive import replay_allocator
+    from kvdiag.runners.replay.vllm import replay_vllm
 
     prompt = list(range(10, 60))
     # s0 runs alone first (s1..s3 arrive after it finished: one request at a time)
@@ -192,7 +192,7 @@ def test_cache_salt_isolates_tenants_in_vllm_and_ours(api):
 
 @needs_vllm
 def test_preemption_is_replayed_and_stays_clean(api):
-    from kvdiag.runners.vllm_replay import replay_vllm
+    from kvdiag.runners.replay.vllm import replay_vllm
 
     # 4 requests of 40 prompt + 40 output tokens in a pool of 16 blocks: decode appends run
     # out of blocks and the last admitted request is preempted (recompute).
@@ -242,7 +242,7 @@ def test_audit_cli_writes_a_run_and_exits_by_verdict(tmp_path, trigger_trace, mo
 def test_reproduce_trigger_case_through_vllm(tmp_path):
     """The bundled suite's trigger case (canary model, contiguous reference) through
     run_suite with allocator "vllm", as `kvdiag reproduce --allocators vllm` runs it."""
-    from kvdiag.pipeline import run_suite
+    from kvdiag.commands.reproduce import run_suite
     from kvdiag.suites import load_suite
 
     suite = load_suite("reproduce")

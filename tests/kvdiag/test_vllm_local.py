@@ -7,12 +7,13 @@ import sys
 
 import pytest
 
+from kvdiag.engines.vllm import plugin
+from kvdiag.engines.vllm.faults import FAULT_ENV
+from kvdiag.engines.vllm.launcher import VllmLocal, find_vllm_python
 from kvdiag.errors import KvdiagError
 from kvdiag.paths import CANARY
-from kvdiag.runners.pressure import observe_recycling, pressure_sessions
-from kvdiag.vllm_local import plugin
-from kvdiag.vllm_local.faults import FAULT_ENV
-from kvdiag.vllm_local.launcher import VllmLocal, find_vllm_python
+from kvdiag.runners.live.endpoint import VLLM_COUNTERS
+from kvdiag.runners.live.pressure import observe_recycling, pressure_sessions
 
 
 def test_unknown_fault_is_refused_before_anything_starts(tmp_path):
@@ -38,7 +39,7 @@ def test_plugin_is_inert_without_a_fault_and_refuses_an_unknown_one(monkeypatch)
 
 @pytest.fixture(scope="module")
 def plan32():
-    from kvdiag.runners.plan import plan_case
+    from kvdiag.plan import plan_case
     from kvdiag.suites import load_suite
     from reference_engine.tokenizer import Tokenizer
 
@@ -68,9 +69,9 @@ def test_pressure_fills_a_big_pool_and_none_for_the_suites_own(plan32):
 def test_recycling_is_seen_when_cached_tokens_fall_short_of_the_last_prompt():
     rows = {("shared", 0, 0): {"prompt_tokens": 100, "cached_tokens": 0},
             ("shared", 0, 1): {"prompt_tokens": 150, "cached_tokens": 96}}  # 3 full blocks of 100 hit
-    seen = observe_recycling(rows, 32, {}, {})
+    seen = observe_recycling(rows, 32, {}, {}, VLLM_COUNTERS)
     assert not seen["observed"] and seen["how"] == "not observed"
     rows[("shared", 0, 1)]["cached_tokens"] = 64  # one of them was recycled
-    assert observe_recycling(rows, 32, {}, {})["how"] == "cached fractions fell"
+    assert observe_recycling(rows, 32, {}, {}, VLLM_COUNTERS)["how"] == "cached fractions fell"
     blind = {k: dict(v, cached_tokens=None) for k, v in rows.items()}
-    assert observe_recycling(blind, 32, {}, {})["how"].startswith("unknown")
+    assert observe_recycling(blind, 32, {}, {}, VLLM_COUNTERS)["how"].startswith("unknown")

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from kvdiag.scenarios import make_schedule
-from reference_engine.config import CHECK_INTEGRITY_ENV, EngineConfig
+from reference_engine.config import EngineConfig
 from tests.sessions_util import answer_lengths, paged_turns, reference_turns
 
 
@@ -45,11 +45,7 @@ def test_check_integrity_raises_at_the_first_stale_entry(tiny_ckpt, small_trigge
         engine.allocator.check_integrity()
 
 
-def test_the_flag_defaults_to_the_environment(monkeypatch):
-    monkeypatch.setenv(CHECK_INTEGRITY_ENV, "1")
-    assert EngineConfig().check_integrity
-    monkeypatch.setenv(CHECK_INTEGRITY_ENV, "0")
-    assert not EngineConfig().check_integrity
-    monkeypatch.delenv(CHECK_INTEGRITY_ENV)
+def test_the_flag_is_off_unless_given(monkeypatch):
+    monkeypatch.setenv("KVDIAG_CHECK_INTEGRITY", "1")  # no environment variable turns it on
     assert not EngineConfig().check_integrity
     assert EngineConfig(check_integrity=True).check_integrity

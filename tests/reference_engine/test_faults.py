@@ -91,7 +91,7 @@ def _nan_run(tiny_ckpt, allocator):
 
 
 def test_stale_bytes_leaks_nan_and_guard_zeroing_removes_it(tiny_ckpt):
-    from reference_engine.reference import ContiguousEngine
+    from reference_engine.contiguous import ContiguousEngine
 
     bad, prompts = _nan_run(tiny_ckpt, "stale-bytes")
     assert sum(s.stats.nonfinite_logits for s in bad) > 0

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from reference_engine.config import EngineConfig
+from reference_engine.contiguous import ContiguousEngine
 from reference_engine.engine import LLMEngine
-from reference_engine.reference import ContiguousEngine
 from tests.checkpoints import make_checkpoint
 
 CASES = [  # (arch, tied, kv_heads): GQA (4 q / 2 kv), MQA-like (4 / 1) and MHA (4 / 4)

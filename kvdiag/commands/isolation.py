@@ -1,0 +1,106 @@
+"""kvdiag isolation: the tenant-isolation audit, start to finish.
+
+    plan     the endpoint (a URL, or a target kvdiag starts for the audit and stops after
+             it); the run directory (an unwritable --out or --history fails before traffic)
+    measure  kvdiag.runners.live.isolation.run_isolation
+    judge    kvdiag.verdicts.judge_isolation
+    finish   IsolationSummary, the isolation page, then the history row
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvdiag.lifecycle import no_progress
+from kvdiag.results import RunResult, Signature
+from kvdiag.runners.live.endpoint import Endpoint
+from kvdiag.runners.live.isolation import IsolationPlan, IsolationResult, run_isolation
+from kvdiag.summary import IsolationSummary
+from kvdiag.verdicts import Judgement, judge_isolation
+
+ROW_COLUMNS = ["config", "length", "trial", "role", "ttft_s", "cached_tokens"]
+
+
+def audit_target(base_url: str | None, target: str | None, model: str | None,
+                 api_key: str | None, plan: IsolationPlan, *, info=lambda _m: None,
+                 **options) -> RunResult:
+    """The audit of --base-url URL (--model: its served name), or of a --target that kvdiag
+    starts for the audit and stops after it: reference:ALLOCATOR (`kvdiag serve`, serving
+    the plan's adapter name too) or a local engine (--model: a model directory, default the
+    canary). `options`: as audit_isolation takes them."""
+    import tempfile
+
+    from kvdiag.engines.local import live
+    from kvdiag.errors import KvdiagError
+    from kvdiag.paths import CANARY
+    from kvdiag.rundir import check_writable
+    from kvdiag.targets import Target, parse_target
+
+    check_writable(options.get("history"), "--history")  # before a server is started for it
+    if (base_url is None) == (target is None):
+        raise KvdiagError("give --base-url URL --model NAME, or --target reference:ALLOCATOR / "
+                          "vllm-local[:FAULT] / sglang-local[:FAULT]")
+    spec = parse_target(target) if target else Target(base_url, url=base_url)
+    if spec.url is not None:
+        if not model:
+            raise KvdiagError(f"{spec.url}: --model NAME (as the server serves it) is required")
+        return audit_isolation(spec.url, model, api_key, plan, **options)
+    model_dir = Path(model or CANARY)
+    if not model_dir.is_dir():
+        raise KvdiagError(f"--model {model_dir}: not a model directory")
+    logs = Path(tempfile.mkdtemp(prefix="kvdiag-isolation-"))
+    info(f"starting {spec.spec} (log in {logs}) ...")
+    adapters = ("--lora-modules", plan.adapter) if plan.adapter else ()
+    with live(spec, None, None, model_dir, logs, serve_reference=True, serve_args=adapters) as served:
+        return audit_isolation(served.url, served.model, api_key, plan,
+                               model_label=served.model_label, **options)
+
+
+def audit_isolation(base_url: str, model: str, api_key: str | None, plan: IsolationPlan, *,
+                    block_size: int | None = None, out_dir: Path | None = None,
+                    history: Path | None = None, model_label: str | None = None,
+                    progress=no_progress) -> RunResult:
+    """The audit of `base_url` in a finished run directory; `extra["isolation"]` holds what the
+    terminal renderer reads. `progress`: kvdiag.lifecycle.no_progress's."""
+    import pandas as pd
+
+    from kvdiag.lifecycle import finish_run
+    from kvdiag.regress import history as H
+    from kvdiag.rundir import RunDir, Timer, check_writable
+
+    timer = Timer()
+    check_writable(history, "--history")
+    ep = Endpoint(base_url, model, api_key, timeout=120.0, retries=2)
+    with RunDir.begin(out_dir, "isolation") as run:
+        try:
+            with progress("isolation") as update:
+                result = run_isolation(ep, plan, block_size=block_size, progress=lambda done, total:
+                                       update(completed=done, total=total))
+            label = model_label or ep.model_label()
+        finally:
+            ep.sync.close()
+        verdict = judge_isolation(result.cells, result.plan["lengths"], result.error)
+        summary = IsolationSummary(**isolation_fields(result, verdict, base_url=base_url,
+                                                      model=model, model_label=label))
+        frame = pd.DataFrame(result.rows, columns=ROW_COLUMNS)
+        done = finish_run(RunResult("isolation", frame, summary,
+                                    extra={"isolation": result, "judgement": verdict}), run, timer)
+    if history is not None:  # after the run directory is complete, as regress does
+        H.append_isolation(history, done.summary.as_dict(), done.run_dir)
+    return done
+
+
+def isolation_fields(result: IsolationResult, verdict: Judgement, *, base_url: str, model: str,
+                     model_label: str) -> dict:
+    """IsolationSummary's fields: the shared ones (signature, suite, verdict, rounds) plus the
+    `isolation` block the renderer reads."""
+    sig = Signature(engine="endpoint", allocators=("isolation",),
+                    block_size=result.server["block_size"], model=model_label, suite="isolation",
+                    seed=result.plan["seed"])
+    exposure = [c for c in result.cells if c["config"] == "no-salt"]
+    return {
+        "signature": sig.format(), "suite": "isolation", "verdict": verdict.verdict,
+        "reason": verdict.reason, "target": base_url, "model": model, "rounds": [], "sqdr": {},
+        "brai": {}, "requests": result.requests, "leaks": verdict.details["leaks"],
+        "isolation": {"server": result.server, "plan": result.plan, "cells": result.cells,
+                      "exposure_leaks": any(c["leaks"] for c in exposure)}}

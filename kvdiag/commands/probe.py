@@ -1,0 +1,90 @@
+"""kvdiag probe: a live server tested from outside against cache-isolated runs.
+
+    plan     the case; the target (a URL serving `model`, or a local engine kvdiag starts
+             for the run); the run directory (new, or the interrupted one to resume)
+    measure  kvdiag.runners.live.probe_run.run_probe: records, recycling, ground truth
+    judge    kvdiag.verdicts.judge_probe
+    finish   ProbeSummary, kvdiag.lifecycle.finish_run
+
+A dead server leaves no directory behind (or keeps what was measured, to --resume).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from kvdiag.lifecycle import finish_run, no_progress
+from kvdiag.results import RunResult, Signature
+from kvdiag.runners.live.phases import ISOLATED, SHARED
+from kvdiag.runners.live.probe_run import ProbeRun
+from kvdiag.suites import Suite, load_cases
+from kvdiag.summary import ProbeSummary
+from kvdiag.verdicts import Judgement, Verdict, judge_probe
+
+
+def judge(run: ProbeRun) -> Judgement:
+    pool = "unknown" if run.server.num_blocks is None else f"{run.server.num_blocks} blocks"
+    return judge_probe(
+        corrupted=run.count("corruption"), rounds=run.corruption_rounds,
+        recycling_observed=run.recycling["observed"], recycling_how=run.recycling["how"],
+        contaminated=run.ground_truth["contaminated"], isolated=run.ground_truth["isolated"],
+        isolation="cache_salt" if run.salted else "reset_prefix_cache",
+        pool=f"{pool} of {run.server.block_size} tokens, {len(run.pressure)} pressure sessions")
+
+
+def summary_fields(run: ProbeRun, suite: Suite, verdict: Judgement, *, model_label: str | None = None,
+                   target_spec: str | None = None) -> dict:
+    """ProbeSummary's fields (regress builds on them). `model_label`: the model's digest when
+    kvdiag started the server itself (its directory's); else the served model's."""
+    from kvdiag.metrics.decay import summarize
+
+    metrics = summarize(run.frame, baseline=None)  # a live server has no guarded series
+    target = run.frame["target"].iloc[0] if len(run.frame) else ""
+    signature = Signature(engine=f"endpoint:{target}", allocators=(SHARED, ISOLATED),
+                          block_size=run.server.block_size, model=model_label or run.model_label,
+                          suite=suite.name, seed=suite.seed)
+    return metrics | {
+        "signature": signature.format(), "suite": suite.name, "cases": [run.plan.case.name],
+        "style": run.plan.style, "targets": [target], "model": run.model_label.split("@")[0],
+        "verdict": verdict.verdict, "reason": verdict.reason,
+        "corruption_rounds": run.corruption_rounds, "corrupted_requests": run.count("corruption"),
+        "numerics_requests": run.count("numerics"), "noise_floor": run.noise_floor,
+        "isolation": "cache_salt" if run.salted else "reset_prefix_cache",
+        "server_prefix_cache": run.prefix_cache,
+        "server": run.server.as_dict() | {"suite_pool": run.plan.schedule.num_blocks,
+                                          "engine": run.engine["name"],
+                                          "engine_version": run.engine["version"]},
+        "recycling": run.recycling, "first_divergences": run.first_divergences or None,
+        "inconclusive_reason": verdict.reason if verdict.verdict is Verdict.INCONCLUSIVE else None,
+        "ground_truth": run.ground_truth, "divergence_by_request": run.by_request,
+        "target_spec": target_spec}
+
+
+def probe(suite: str, case: str | None = None, style: str | None = None, *,
+          base_url: str | None = None, target: str | None = None, model: str | None = None,
+          api_key: str | None = None, settings=None, count_with: str = "tokenize",
+          resume: Path | None = None, out_dir: Path | None = None,
+          info: Callable[[str], None] = lambda _: None, warn: Callable[[str], None] = lambda _: None,
+          progress=no_progress) -> RunResult:
+    """kvdiag probe, start to finish."""
+    from kvdiag.engines.local import running
+    from kvdiag.rundir import RunDir, Timer
+    from kvdiag.runners.live.probe_run import run_probe
+    from kvdiag.targets import endpoint_target
+
+    timer = Timer()
+    loaded, (chosen,) = load_cases(suite, case, style, one=True)
+    spec = endpoint_target(base_url, target, model)
+    run = RunDir.resume(resume) if resume is not None else RunDir.begin(out_dir, f"probe-{loaded.name}")
+    with (run, running(spec, loaded, chosen, model, run.path, info) as served,
+          progress(f"planning with {served.url}'s tokenizer") as update):
+        measured = run_probe(served.url, served.model, loaded, chosen, run.path, api_key=api_key,
+                             settings=settings, resume=resume is not None, warn=warn,
+                             count_with=count_with,
+                             progress=lambda phase, done, total: update(description=phase,
+                                                                        completed=done, total=total))
+    verdict = judge(measured)
+    fields = summary_fields(measured, loaded, verdict, model_label=served.model_label,
+                            target_spec=spec.spec if spec.is_local else None)
+    return finish_run(RunResult("probe", measured.frame, ProbeSummary(**fields)), run, timer)

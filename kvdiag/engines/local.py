@@ -1,0 +1,109 @@
+"""The servers a run starts for its target, as one context manager: a local engine
+(`vllm-local[:FAULT]`, `sglang-local[:FAULT]`) on the case the run measures, its pool sized
+so the suite's sessions recycle freed blocks; or, for runs that only talk HTTP (isolation),
+the reference engine behind `kvdiag serve`. URL targets pass through.
+
+    with running(target, suite, case, model, log_dir, info) as served:
+        served.url, served.model, served.model_label
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvdiag.errors import KvdiagError
+from kvdiag.targets import Target
+from reference_engine.util import cdiv
+
+LOGS = {"vllm": "vllm.log", "sglang": "sglang.log"}  # a local engine's log, in its run directory
+
+
+@dataclass(frozen=True)
+class Served:
+    """A target while its server answers: `url`, the `model` name it serves, and
+    `model_label`: the model directory's digest when kvdiag started the server itself (None
+    for a URL somebody else runs: the probe asks the server)."""
+
+    target: Target
+    url: str
+    model: str | None
+    model_label: str | None = None
+
+
+def launcher(engine: str):
+    """The launcher class of a local engine (VllmLocal, SglangLocal)."""
+    if engine == "vllm":
+        from kvdiag.engines.vllm.launcher import VllmLocal
+        return VllmLocal
+    from kvdiag.engines.sglang.launcher import SglangLocal
+    return SglangLocal
+
+
+@contextmanager
+def running(target: Target, suite, case, model: str | None, log_dir: Path,
+            info: Callable[[str], None] = lambda _: None) -> Iterator[Served]:
+    """The target while the run talks to it: a local engine is started on `model` (a
+    directory; default: the suite's, else the canary), its log in log_dir, and stopped on
+    exit; a URL target serves `model`."""
+    if not target.is_local:
+        yield Served(target, target.url, model)
+        return
+    from kvdiag.paths import CANARY
+
+    info(f"starting {target.spec} (log: {Path(log_dir) / LOGS[target.engine]}) ...")
+    with live(target, suite, case, Path(model or suite.model or CANARY), log_dir) as served:
+        yield served
+
+
+def sizes(engine: str, suite, case, model_dir: Path) -> dict:
+    """A local engine's pool and context for a suite's case on a model: the pool holds as
+    many tokens as the suite's own (the size at which its sessions recycle freed blocks; the
+    probe adds pressure beyond it); max_model_len covers the longest request with two blocks
+    to spare (the probe moves jumps to the server's block boundaries), within the model's
+    context. KvdiagError, before any server starts, when the case does not fit the model."""
+    from kvdiag.engines.vllm.launcher import model_context
+    from kvdiag.plan import plan_case
+    from reference_engine.tokenizer import Tokenizer
+
+    block = launcher(engine).BLOCK_SIZE
+    schedule = plan_case(suite, case, Tokenizer.from_dir(model_dir)).schedule
+    pool = cdiv(schedule.num_blocks * suite.block_size, block)
+    longest = max(max(p) for p in schedule.prompt_lengths) + case.max_tokens
+    context = model_context(model_dir)
+    if context and longest > context:
+        raise KvdiagError(f"{suite.name}/{case.name}: its longest request ({longest} tokens) exceeds "
+                          f"{Path(model_dir).name}'s context ({context})")
+    spare = cdiv(longest + 2 * block, block) * block
+    return {"num_blocks": pool, "max_model_len": min(spare, context or spare)}
+
+
+@contextmanager
+def live(target: Target, suite, case, model_dir: Path, log_dir: Path,
+         serve_reference: bool = False, serve_args: tuple[str, ...] = ()) -> Iterator[Served]:
+    """Start a local engine's server (log kept in log_dir; its pool sized from `suite` and
+    `case`, or the engine's default without them). With `serve_reference`, a
+    reference:ALLOCATOR target is served the same way by `kvdiag serve` (for runs that only
+    talk HTTP: isolation); other targets pass through."""
+    from kvdiag.results import model_label
+
+    if serve_reference and target.is_reference:
+        from kvdiag.engines.reference import ReferenceServer
+
+        with ReferenceServer(target.allocator, model_dir, Path(log_dir) / "serve.log",
+                             serve_args) as server:
+            yield Served(dataclasses.replace(target, url=server.base_url), server.base_url,
+                         Path(model_dir).name, model_label(model_dir))
+        return
+    if not target.is_local:
+        yield Served(target, target.url, None)
+        return
+    kw = sizes(target.engine, suite, case, model_dir) if suite is not None else {}
+    Path(log_dir).mkdir(parents=True, exist_ok=True)
+    cls = launcher(target.engine)
+    with cls(model_dir, fault=target.fault, log_path=Path(log_dir) / LOGS[target.engine], **kw) as server:
+        yield Served(dataclasses.replace(target, url=server.base_url), server.base_url,
+                     server.served_model, model_label(model_dir))

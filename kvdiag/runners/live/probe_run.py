@@ -1,0 +1,185 @@
+"""One probe of a live endpoint, start to finish, as facts: plan with the server's tokenizer,
+the shared, isolated and noise-floor phases (resumable through rounds.jsonl and probe.json),
+and the records. Returns what was measured; kvdiag.commands.probe judges it."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvdiag.errors import EndpointError, KvdiagError
+from kvdiag.runners.live import compare as C
+from kvdiag.runners.live import phases as P
+from kvdiag.runners.live.endpoint import Endpoint
+from kvdiag.runners.live.pressure import ServerCache, observe_recycling, read_server_cache
+from kvdiag.runners.live.store import RoundStore
+from kvdiag.runners.live.tokenizer import RemoteTokenizer
+from kvdiag.suites import Case, Suite
+
+
+@dataclass
+class ProbeRun:
+    """What a probe measured. `frame`: one record per (phase, session, round); the rest are
+    the facts its judge and its summary read."""
+
+    frame: object  # pandas DataFrame
+    plan: object  # kvdiag.plan.CasePlan
+    model_label: str  # the served model with a digest of its /v1/models entry
+    server: ServerCache
+    engine: dict  # {"name", "version"} as the server says
+    salted: bool
+    pressure: list[int]
+    recycling: dict
+    noise_floor: dict
+    ground_truth: dict
+    prefix_cache: dict  # the server's own hit counters over the shared phase
+    first_divergences: list[dict] = field(default_factory=list)
+    by_request: list[dict] = field(default_factory=list)
+
+    @property
+    def shared(self):
+        return self.frame[self.frame["allocator"] == P.SHARED]
+
+    def count(self, label: str) -> int:
+        return int((self.shared["classification"] == label).sum())
+
+    @property
+    def corruption_rounds(self) -> list[int]:
+        bad = self.shared[self.shared["classification"] == "corruption"]
+        return sorted({int(x) for x in bad["round"]})
+
+
+def plan_sha(plan) -> str:
+    h = hashlib.sha256()
+    for session in plan.prompts:
+        for ids in session:
+            h.update(json.dumps(ids).encode())
+    return h.hexdigest()[:16]
+
+
+def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path, *,
+              api_key: str | None = None, settings: P.ProbeSettings | None = None,
+              resume: bool = False, warn: Callable[[str], None] = lambda _m: None,
+              count_with: str = "tokenize",
+              progress: Callable[[str, int, int], None] | None = None) -> ProbeRun:
+    """The probe, measured into `run_dir` (rounds.jsonl, probe.json)."""
+    from kvdiag.plan import plan_case
+
+    settings = settings or P.ProbeSettings()
+    if count_with not in ("tokenize", "usage"):
+        raise KvdiagError(f"--count-with must be tokenize or usage, got {count_with!r}")
+    endpoint = Endpoint(base_url, model, api_key)
+    endpoint.check()
+    who = {"engine": endpoint.identity(), "model_label": endpoint.model_label(),
+           "counters": endpoint.counters}  # asked now: the phases close the endpoint
+    server = read_server_cache(endpoint, suite.block_size, block_size=settings.block_size,
+                               num_blocks=settings.num_blocks)
+    meta_path = run_dir / "probe.json"
+    meta = None
+    if resume:
+        if not meta_path.is_file():
+            raise KvdiagError(f"{run_dir}: not a probe run directory (no probe.json)")
+        meta = json.loads(meta_path.read_text())
+    tokenizer = RemoteTokenizer(endpoint, use_usage=count_with == "usage")
+    plan = plan_case(suite, case, tokenizer, block_size=server.block_size)
+    if tokenizer.use_usage:
+        warn("counting tokens by usage.prompt_tokens (no /tokenize): planning sends one-token requests")
+    salted = _isolation(endpoint, base_url, warn)
+    fresh = {"base_url": base_url, "model": model, "suite": suite.name, "case": case.name,
+             "plan_sha": plan_sha(plan), "salted": salted}
+    if meta is not None and meta["plan_sha"] != fresh["plan_sha"]:
+        raise KvdiagError(f"{run_dir}: the suite or the server's tokenizer changed since this probe began")
+    store = RoundStore(run_dir / "rounds.jsonl")
+    jobs = [(k, r) for k in range(len(plan.sessions)) for r in range(case.rounds)]
+    floor = P.floor_jobs(plan, settings.floor_sessions)
+    pressure = P.plan_pressure(plan, server, salted, settings)
+    total, done = 2 * len(jobs) + len(floor) + len(pressure) * case.rounds, [len(store.done)]
+
+    def tick_for(phase: str):
+        def tick():
+            done[0] += 1
+            if progress:
+                progress(phase, done[0], total)
+        return tick
+
+    # the server's counters when the probe began; kept in probe.json so that a resumed
+    # probe's prefix-cache hit rate still covers the whole run
+    before = _counters_since(meta, endpoint.metrics(), who["counters"].queries)
+    kept = meta is not None and before is meta.get("metrics_before")
+    meta = (meta if kept else fresh | {"metrics_after_shared": None}) | {"metrics_before": before}
+    meta_path.write_text(json.dumps(meta, indent=2))
+    after_shared = {}
+
+    async def run_all():
+        try:
+            await P.shared_phase(endpoint, plan, store, settings, tick_for("shared (cache on)"),
+                                 pressure)
+            after_shared.update(meta.get("metrics_after_shared") or endpoint.metrics())
+            meta["metrics_after_shared"] = after_shared  # a resume after this point keeps it
+            meta_path.write_text(json.dumps(meta, indent=2))
+            await P.isolated_phase(endpoint, plan, store, settings, P.ISOLATED, jobs, salted,
+                                   tick_for("isolated (fresh cache_salt)"))
+            await P.isolated_phase(endpoint, plan, store, settings, P.FLOOR, floor, salted,
+                                   tick_for("noise floor"))
+        finally:
+            await endpoint.aclose()
+
+    try:
+        asyncio.run(run_all())
+    finally:
+        store.close()
+    return _facts(base_url, who, plan, store, server, salted, pressure, before, after_shared,
+                  settings)
+
+
+def _isolation(endpoint: Endpoint, base_url: str, warn: Callable[[str], None]) -> bool:
+    """True when the server takes cache_salt; else the documented fallback (an emptied cache
+    before each isolated request, one at a time), or EndpointError when it has neither."""
+    salted, why = endpoint.salt_supported()
+    if not salted:
+        if not endpoint.reset_prefix_cache():
+            raise EndpointError(f"{base_url} rejects cache_salt ({why}) and has no /reset_prefix_cache: "
+                                "no isolated ground truth can be made")
+        warn(f"the server rejects cache_salt ({why}); isolated runs reset the prefix cache "
+             "before each request and run one at a time")
+    return salted
+
+
+def _facts(base_url, who, plan, store, server, salted, pressure, before, after,
+           settings) -> ProbeRun:
+    import pandas as pd
+
+    worst, diverged, pairs = C.noise_floor(store)
+    threshold = max(worst, settings.numerics_margin)
+    frame = pd.DataFrame([r.as_dict() for r in C.records(plan, store, base_url, threshold,
+                                                         plan.style, server.block_size, pressure)])
+    shared = {(phase, k, r): row for (phase, k, r), row in store.done.items()
+              if phase in (P.SHARED, P.PRESSURE)}
+    recycling = observe_recycling(shared, server.block_size, before, after, who["counters"])
+    recycling["pressure_sessions"] = len(pressure)
+    queries, hits = (after.get(n, 0) - before.get(n, 0) for n in who["counters"].names)
+    corrupt = frame[(frame["allocator"] == P.SHARED) & (frame["classification"] == "corruption")]
+    return ProbeRun(
+        frame=frame, plan=plan, model_label=who["model_label"], server=server,
+        engine=who["engine"], salted=salted, pressure=pressure, recycling=recycling,
+        noise_floor={"margin": worst, "diverged_pairs": diverged, "pairs": pairs,
+                     "threshold": threshold},
+        ground_truth=C.ground_truth(store),
+        prefix_cache={"queries": queries, "hits": hits, "hit_rate": hits / queries if queries else None},
+        first_divergences=C.first_divergences(plan, store, corrupt, pressure),
+        by_request=C.by_request_index(plan, store, frame, pressure))
+
+
+def _counters_since(meta: dict | None, now: dict, queries: str) -> dict:
+    """The server's counters when this probe began: those saved in probe.json when resuming
+    against the same server process, so that the prefix-cache hit rate covers the whole run.
+    A restarted server's counters start again from zero (lower than saved): then only the
+    counters from now on are comparable."""
+    saved = (meta or {}).get("metrics_before")
+    if saved and now.get(queries, 0) >= saved.get(queries, 0):
+        return saved
+    return now

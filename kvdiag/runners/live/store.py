@@ -1,0 +1,42 @@
+"""rounds.jsonl: every finished request of a probe, one line each, flushed and synced as it
+lands, so a killed probe resumes where it stopped. `index` numbers the lines in the order
+they landed (the request index that slow decay over a long run is read against)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from kvdiag.runners.live.endpoint import ChatResult
+
+
+class RoundStore:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.done: dict[tuple[str, int, int], dict] = {}
+        if path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut by a kill: that request runs again
+                row.setdefault("index", len(self.done))
+                self.done[(row["phase"], row["session"], row["round"])] = row
+        self._file = open(path, "a")  # noqa: SIM115 (kept open for the run)
+
+    def add(self, phase: str, session: int, rnd: int, result: ChatResult, **extra) -> dict:
+        """Record one finished request; `extra` (e.g. the model it named) is kept with it."""
+        row = {"phase": phase, "session": session, "round": rnd, "index": len(self.done),
+               "text": result.text, "tokens": result.tokens, "top": result.top,
+               "logprobs": result.logprobs, "prompt_tokens": result.prompt_tokens,
+               "cached_tokens": result.cached_tokens, "finish_reason": result.finish_reason,
+               "seconds": round(result.seconds, 4), **extra}
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self.done[(phase, session, rnd)] = row
+        return row
+
+    def close(self) -> None:
+        self._file.close()

@@ -1,0 +1,226 @@
+"""A trace: a case's traffic as plain data, recorded once and replayed through any block
+manager (vLLM's KVCacheManager, or one of ours) without a model.
+
+JSONL, one object a line. The first line describes the pool and the scheduler; every other
+line is one request (one round of one session), with the prompt the client sent and the
+tokens the contiguous reference generated (teacher-forced into every replay):
+
+    {"kvdiag_trace": 1, "suite": "reproduce", "case": "trigger", "block_size": 16,
+     "num_blocks": 1489, "max_num_seqs": 16, "max_num_batched_tokens": 8192,
+     "enable_prefix_caching": true}
+    {"session": "s00", "round": 1, "kind": "question", "prompt_ids": [...],
+     "output_ids": [...], "think_steps": 0, "cache_salt": null, ...}
+
+`round` is 1-based; `think_steps` is how many engine steps the session waits, after its
+previous round finished, before it sends this one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from kvdiag.errors import KvdiagError
+
+TRACE_VERSION = 1
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # reference_engine.config.EngineConfig's default
+
+
+@dataclass(frozen=True)
+class TraceConfig:
+    suite: str
+    case: str
+    block_size: int
+    num_blocks: int  # usable blocks (vLLM gets one more: its null block)
+    max_num_seqs: int
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    enable_prefix_caching: bool = True
+    model: str | None = None  # the model the outputs came from, with its digest, when known
+
+    def with_model(self, label: str) -> TraceConfig:
+        return dataclasses.replace(self, model=label)
+
+
+@dataclass
+class TraceRequest:
+    session: str
+    round: int  # 1-based
+    prompt_ids: list[int]
+    output_ids: list[int]  # the contiguous reference's tokens, stop token included
+    think_steps: int = 0
+    cache_salt: str | None = None
+    kind: str = "question"
+    output_text: str = ""
+    expected_text: str = ""
+    fact_check_pass: float = math.nan
+    fact_check_reason: str = ""
+
+
+@dataclass
+class Trace:
+    config: TraceConfig
+    requests: list[TraceRequest] = field(default_factory=list)
+
+    @property
+    def sessions(self) -> list[str]:
+        return list(dict.fromkeys(r.session for r in self.requests))
+
+    def by_session(self) -> dict[str, list[TraceRequest]]:
+        """Each session's requests in round order."""
+        out: dict[str, list[TraceRequest]] = {s: [] for s in self.sessions}
+        for r in self.requests:
+            out[r.session].append(r)
+        for rounds in out.values():
+            rounds.sort(key=lambda r: r.round)
+        return out
+
+    @property
+    def num_operations(self) -> int:
+        """Tokens the replay feeds through the block manager (prompts + outputs)."""
+        return sum(len(r.prompt_ids) + len(r.output_ids) for r in self.requests)
+
+
+def from_plan(plan, reference_records, cache_salt: str | None = None) -> Trace:
+    """The trace of a CasePlan, with the contiguous reference's outputs (Records whose
+    allocator is "contiguous", as kvdiag.runners.reference.engine.run_case yields them)."""
+    s = plan.schedule
+    config = TraceConfig(suite=plan.suite.name, case=plan.case.name, block_size=s.block_size,
+                         num_blocks=s.num_blocks, max_num_seqs=plan.suite.max_num_seqs,
+                         enable_prefix_caching=s.enable_prefix_caching)
+    ref = {(r.session, r.round): r for r in reference_records if r.allocator == "contiguous"}
+    requests = []
+    for si, session in enumerate(plan.sessions):
+        for ri in range(plan.case.rounds):
+            rec = ref.get((session.session_id, ri + 1))
+            if rec is None:
+                raise KvdiagError(f"no reference output for {session.session_id} round {ri + 1}")
+            requests.append(TraceRequest(
+                session=session.session_id, round=ri + 1, prompt_ids=list(plan.prompts[si][ri]),
+                output_ids=list(rec.output_token_ids), think_steps=s.think(si, ri),
+                cache_salt=cache_salt, kind=rec.kind, output_text=rec.output_text,
+                expected_text=rec.expected_text, fact_check_pass=rec.fact_check_pass,
+                fact_check_reason=rec.fact_check_reason))
+    return Trace(config, requests)
+
+
+def from_schedule(schedule, *, max_num_seqs: int = 16, vocab: int = 128, seed: int = 0,
+                  suite: str = "synthetic", cache_salt: str | None = None) -> Trace:
+    """A trace with random token ids of exactly the schedule's lengths (kvdiag.scenarios):
+    every session starts with the same `shared_prefix` tokens, each round's prompt is the
+    previous prompt + its whole answer + new user tokens (as tests/sessions_util.py). No model and no tokenizer: for tests and
+    benchmarks of the block managers alone."""
+    import random
+
+    rng = random.Random(seed)
+    shared = [rng.randrange(2, vocab) for _ in range(schedule.shared_prefix)]
+    config = TraceConfig(suite=suite, case=schedule.name, block_size=schedule.block_size,
+                         num_blocks=schedule.num_blocks, max_num_seqs=max_num_seqs,
+                         enable_prefix_caching=schedule.enable_prefix_caching)
+    requests = []
+    for s, lengths in enumerate(schedule.prompt_lengths):
+        history = list(shared)
+        for r, length in enumerate(lengths):
+            history += [rng.randrange(2, vocab) for _ in range(length - len(history))]
+            output = [rng.randrange(2, vocab) for _ in range(schedule.answer_lengths[s][r])]
+            requests.append(TraceRequest(session=f"s{s:02d}", round=r + 1, prompt_ids=list(history),
+                                         output_ids=output, think_steps=schedule.think(s, r),
+                                         cache_salt=cache_salt))
+            history += output
+    return Trace(config, requests)
+
+
+def write_trace(trace: Trace, path: Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w") as f:
+        f.write(json.dumps({"kvdiag_trace": TRACE_VERSION, **asdict(trace.config)}) + "\n")
+        for r in trace.requests:
+            row = asdict(r)
+            if isinstance(row["fact_check_pass"], float) and math.isnan(row["fact_check_pass"]):
+                row["fact_check_pass"] = None
+            f.write(json.dumps(row) + "\n")
+    tmp.replace(path)
+
+
+def _int_list(value, where: str, key: str) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                              and t >= 0 for t in value):
+        raise KvdiagError(f"{where}: {key!r} must be a list of non-negative token ids")
+    return value
+
+
+def read_trace(path: Path) -> Trace:
+    """Load and validate a trace; errors name the file, the line and the key."""
+    path = Path(path)
+    if not path.is_file():
+        raise KvdiagError(f"{path}: no such trace file")
+    lines = [(n, line) for n, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
+    if not lines:
+        raise KvdiagError(f"{path}: empty trace")
+    rows = []
+    for n, line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise KvdiagError(f"{path}:{n}: not JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise KvdiagError(f"{path}:{n}: expected a JSON object")
+        rows.append((n, row))
+    (n, head), rows = rows[0], rows[1:]
+    if head.get("kvdiag_trace") != TRACE_VERSION:
+        raise KvdiagError(f"{path}:{n}: first line must be the header "
+                          f'{{"kvdiag_trace": {TRACE_VERSION}, ...}}')
+    known = {f for f in TraceConfig.__dataclass_fields__}
+    try:
+        config = TraceConfig(**{k: v for k, v in head.items() if k in known})
+    except TypeError as e:
+        raise KvdiagError(f"{path}:{n}: header: {e}") from None
+    for key in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens"):
+        value = getattr(config, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise KvdiagError(f"{path}:{n}: header: {key!r} must be a positive integer")
+    if not rows:
+        raise KvdiagError(f"{path}: the trace holds no request")
+    requests, seen = [], set()
+    fields = {f for f in TraceRequest.__dataclass_fields__}
+    for n, row in rows:
+        where = f"{path}:{n}"
+        for key in ("session", "round", "prompt_ids", "output_ids"):
+            if key not in row:
+                raise KvdiagError(f"{where}: missing key {key!r}")
+        unknown = sorted(set(row) - fields)
+        if unknown:
+            raise KvdiagError(f"{where}: unknown key {unknown[0]!r}")
+        if not isinstance(row["round"], int) or row["round"] < 1:
+            raise KvdiagError(f"{where}: 'round' must be a positive integer")
+        _int_list(row["prompt_ids"], where, "prompt_ids")
+        _int_list(row["output_ids"], where, "output_ids")
+        if not row["prompt_ids"] or not row["output_ids"]:
+            raise KvdiagError(f"{where}: 'prompt_ids' and 'output_ids' must not be empty")
+        salt = row.get("cache_salt")
+        if salt is not None and (not isinstance(salt, str) or not salt):
+            raise KvdiagError(f"{where}: 'cache_salt' must be a non-empty string or null")
+        think = row.get("think_steps", 0)
+        if not isinstance(think, int) or think < 0:
+            raise KvdiagError(f"{where}: 'think_steps' must be a non-negative integer")
+        key = (str(row["session"]), row["round"])
+        if key in seen:
+            raise KvdiagError(f"{where}: duplicate request {key[0]} round {key[1]}")
+        seen.add(key)
+        if row.get("fact_check_pass") is None:
+            row["fact_check_pass"] = math.nan
+        row["session"] = str(row["session"])
+        requests.append(TraceRequest(**row))
+    trace = Trace(config, requests)
+    for session, rounds in trace.by_session().items():
+        if [r.round for r in rounds] != list(range(1, len(rounds) + 1)):
+            raise KvdiagError(f"{path}: session {session}: rounds must be 1..n without gaps")
+    longest = max(len(r.prompt_ids) + len(r.output_ids) for r in requests)
+    if -(-longest // config.block_size) > config.num_blocks:
+        raise KvdiagError(f"{path}: a request of {longest} tokens needs more than the "
+                          f"{config.num_blocks} blocks of the pool (num_blocks)")
+    return trace

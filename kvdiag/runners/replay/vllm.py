@@ -1,0 +1,267 @@
+"""Replay a trace through vLLM's own block manager (vllm/v1/core: KVCacheManager and its
+BlockPool) on CPU, without a model, and audit what it hands out.
+
+The driver makes the calls vLLM's Scheduler.schedule makes, in its order:
+
+    running requests, in order:  allocate_slots(req, chunk)
+        no room -> preempt the last running request (free, back to the waiting queue's
+        front, recompute), retry; a request that preempted itself ends the pass
+    then, if nothing was preempted, waiting requests (FCFS, up to max_num_seqs):
+        get_computed_blocks(req) -> allocate_slots(req, chunk, hits, hit_blocks)
+        (0.33: full_sequence_must_fit, its scheduler's default)
+        no room -> stop admitting this step
+    after the step: teacher-forced token appended (vLLM extends req.block_hashes);
+        a finished request -> free(req)
+
+vLLM's allocator never touches K/V bytes, so a shadow content map (shadow.py) records which
+prefix each slot's writer stored, and every request's block table is checked each step
+against what it must contain: foreign and unwritten slot reads per request. Invariants of
+the BlockPool are checked each step (vllm_invariants.py); vLLM's own assertions, if one
+fires, are recorded as violations too. vLLM's reuse comes from its own PrefixCacheStats.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from kvdiag.errors import KvdiagError
+from kvdiag.runners.replay.drive import ReplayResult, drive, records, trace_index
+from kvdiag.runners.replay.invariants import Invariants, assertion_site
+from kvdiag.runners.replay.shadow import ReadLog, ShadowCache, StepItem
+from kvdiag.runners.replay.trace import Trace
+from kvdiag.runners.replay.vllm_api import CacheStats, VllmApi, load
+
+ALLOCATOR = "vllm"
+
+
+@dataclass(eq=False)
+class VllmTurn:
+    """One round of one session: the vLLM Request plus what the audit keeps beside it."""
+
+    tag: object  # reference_engine.sessions.TurnRequest
+    request: object  # vllm.v1.request.Request
+    teacher: list[int]  # the reference's tokens, fed in order
+    fingerprints: object  # reference_engine.kv_cache.Fingerprints of all its tokens
+    stats: object  # reference_engine.sequence.RequestStats
+    reads: ReadLog = field(default_factory=ReadLog)
+    first_admission: bool = True
+    hashed_blocks: int = 0  # block hashes already entered in the audit's hash -> prefix map
+
+    @property
+    def label(self) -> str:
+        return f"{self.tag.session} round {self.tag.round + 1}"
+
+
+class VllmReplay:
+    def __init__(self, trace: Trace, api: VllmApi, *, check: bool = True,
+                 cache_after_compute: bool = False) -> None:
+        """cache_after_compute: register full blocks after the step computes them (as
+        reference_engine does) instead of when allocate_slots schedules them (as vLLM
+        does); only to explain hit-count differences between the two."""
+        cfg = trace.config
+        self.api, self.cfg, self.check = api, cfg, check
+        self.cache_after_compute = cache_after_compute
+        longest = max(len(r.prompt_ids) + len(r.output_ids) for r in trace.requests)
+        self.manager = api.make_manager(cfg.num_blocks, cfg.block_size, longest,
+                                        cfg.enable_prefix_caching)
+        self.index = trace_index(trace)
+        self.shadow = ShadowCache(cfg.num_blocks + 1, cfg.block_size) if check else None
+        self.invariants = Invariants(self.manager.block_pool, self.shadow) if check else None
+        self.waiting: deque[VllmTurn] = deque()
+        self.running: list[VllmTurn] = []
+        self.cache_stats = CacheStats()  # the run's total, as vLLM's /metrics would count it
+        self.num_steps = 0
+        self.num_preemptions = 0
+        self.manager_seconds = 0.0  # time inside vLLM (manager calls, Request hashing)
+
+    # --- requests ----------------------------------------------------------------------
+    def add_request(self, prompt_ids, max_tokens, tag=None, session=None, **_):
+        from reference_engine.kv_cache import Fingerprints
+        from reference_engine.sequence import RequestStats
+
+        req = self.index[(tag.session, tag.round)]
+        t0 = time.perf_counter()
+        request = self.api.make_request(f"{tag.session}-{tag.round + 1}", prompt_ids,
+                                        len(req.output_ids), self.cfg.block_size, req.cache_salt)
+        self.manager_seconds += time.perf_counter() - t0
+        turn = VllmTurn(tag, request, req.output_ids, Fingerprints(prompt_ids),
+                        RequestStats(prompt_tokens=len(prompt_ids)))
+        self.waiting.append(turn)
+        return turn
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # --- scheduling --------------------------------------------------------------------
+    def _allocate(self, turn: VllmTurn, num_new: int, hits: int = 0, blocks=None,
+                  had: int = 0, admission: bool = False) -> list[int] | None:
+        t0 = time.perf_counter()
+        try:
+            return self.api.allocate(self.manager, turn.request, num_new, hits, blocks,
+                                     delay_cache=self.cache_after_compute, admission=admission)
+        except AssertionError as e:  # vLLM's own check fired: record it, keep what it did
+            self._violation(f"vLLM assertion in {assertion_site(e)} while allocating for {turn.label}")
+            table = self.api.block_table(self.manager, turn.request.request_id)
+            return table[had + hits // self.cfg.block_size:]
+        finally:
+            self.manager_seconds += time.perf_counter() - t0
+
+    def _violation(self, message: str) -> None:
+        if self.invariants is not None:
+            self.invariants.add(self.num_steps, message)
+        else:
+            raise KvdiagError(message)
+
+    def _preempt(self, turn: VllmTurn) -> None:
+        t0 = time.perf_counter()
+        self.manager.free(turn.request)
+        self.manager_seconds += time.perf_counter() - t0
+        req = turn.request
+        req.status = self.api.RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        turn.stats.preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(turn)
+
+    def _admit(self, budget: int) -> tuple[VllmTurn, int, list[int]] | None:
+        turn = self.waiting[0]
+        req, api, bs = turn.request, self.api, self.cfg.block_size
+        t0 = time.perf_counter()
+        blocks, hits = api.lookup(self.manager, req)
+        counted = api.take_stats(self.manager) if api.stats_at_lookup else None
+        self.manager_seconds += time.perf_counter() - t0
+        if counted is not None:  # 0.17 counts every lookup, admitted or not
+            self.cache_stats.add(counted)
+        num_new = min(req.num_tokens - hits, budget)
+        new = self._allocate(turn, num_new, hits, blocks, admission=True)
+        if new is None:
+            return None
+        self.waiting.popleft()
+        t0 = time.perf_counter()
+        if counted is None:  # 0.33 counts the lookup once the request is admitted
+            api.record_admission(self.manager, req, hits)
+            counted = api.take_stats(self.manager)
+            self.cache_stats.add(counted)
+        self.manager_seconds += time.perf_counter() - t0
+        req.status = api.RequestStatus.RUNNING
+        req.num_computed_tokens = hits
+        self.running.append(turn)
+        if turn.first_admission:  # the request's reuse, as vLLM's own statistics count it
+            turn.first_admission = False
+            st = turn.stats
+            st.cached_tokens, st.blocks_hit = counted.hits, counted.hits // bs
+            st.blocks_needed = -(-req.num_prompt_tokens // bs)
+            if counted.hits != hits:
+                self._violation(f"{turn.label}: vLLM's PrefixCacheStats counted {counted.hits} "
+                                f"hit tokens, get_computed_blocks returned {hits}")
+        turn.stats.blocks_allocated += len(new)
+        return turn, num_new, new
+
+    def schedule(self) -> tuple[list[tuple[VllmTurn, int]], list[VllmTurn]]:
+        self.api.new_step(self.manager)
+        budget, scheduled, preempted = self.cfg.max_num_batched_tokens, [], []
+        i = 0
+        while i < len(self.running) and budget > 0:
+            turn = self.running[i]
+            req = turn.request
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            had = len(self.api.block_table(self.manager, req.request_id)) if self.check else 0
+            new = None
+            while new is None:
+                new = self._allocate(turn, num_new, had=had)
+                if new is None:
+                    victim = self.running.pop()
+                    self._preempt(victim)
+                    preempted.append(victim)
+                    if victim is turn:
+                        break
+            if new is None:
+                break
+            if self.shadow is not None:
+                self.shadow.allocate(new)
+            turn.stats.blocks_allocated += len(new)
+            scheduled.append((turn, num_new))
+            budget -= num_new
+            i += 1
+        while (not preempted and self.waiting and budget > 0
+               and len(self.running) < self.cfg.max_num_seqs):
+            admitted = self._admit(budget)
+            if admitted is None:
+                break
+            turn, num_new, new = admitted
+            if self.shadow is not None:
+                self.shadow.allocate(new)
+            scheduled.append((turn, num_new))
+            budget -= num_new
+        return scheduled, preempted
+
+    # --- the step ----------------------------------------------------------------------
+    def step(self) -> list[VllmTurn]:
+        self.num_steps += 1
+        scheduled, preempted = self.schedule()
+        if not scheduled:
+            if self.has_unfinished() and not preempted:
+                raise KvdiagError("no request can be scheduled: the pool (num_blocks) is too small")
+            return []
+        if self.shadow is not None:
+            items = []
+            for turn, n in scheduled:
+                table = self.api.block_table(self.manager, turn.request.request_id)
+                items.append(StepItem(table, turn.request.num_computed_tokens, n,
+                                      turn.fingerprints, turn.reads, turn.stats))
+                self.invariants.wrote(table, turn.request.num_computed_tokens, n, turn.label)
+            self.shadow.step(items, self.num_steps)
+        finished = []
+        for turn, n in scheduled:
+            req = turn.request
+            samples = req.num_computed_tokens + n == req.num_tokens
+            req.num_computed_tokens += n
+            if self.cache_after_compute:
+                self.api.cache(self.manager, req, req.num_computed_tokens)
+            if self.check:
+                self.invariants.learn_hashes(turn)
+            if not samples:
+                continue
+            token = turn.teacher[len(req.output_token_ids)]
+            t0 = time.perf_counter()
+            req.append_output_token_ids(token)  # vLLM hashes any block this token fills
+            self.manager_seconds += time.perf_counter() - t0
+            turn.fingerprints.append(token)
+            if len(req.output_token_ids) == len(turn.teacher):
+                self.running.remove(turn)
+                req.status = self.api.RequestStatus.FINISHED_STOPPED
+                t0 = time.perf_counter()
+                self.manager.free(req)
+                self.manager_seconds += time.perf_counter() - t0
+                finished.append(turn)
+        if self.check:
+            self.invariants.check(self.num_steps, [self.api.block_table(self.manager, t.request.request_id)
+                                                   for t in self.running])
+        return finished
+
+
+def replay_vllm(trace: Trace, *, api: VllmApi | None = None, check: bool = True,
+                cache_after_compute: bool = False) -> ReplayResult:
+    """The trace through the installed vLLM's KVCacheManager; rows target "vllm-<version>",
+    allocator "vllm"."""
+    api = api or load()
+    engine = VllmReplay(trace, api, check=check, cache_after_compute=cache_after_compute)
+    t0 = time.perf_counter()
+    turns = drive(trace, engine)
+    seconds = time.perf_counter() - t0
+    s = engine.cache_stats
+    stats = {"vllm_version": api.version, "prefix_cache_requests": s.requests,
+             "prefix_cache_queries": s.queries, "prefix_cache_hits": s.hits,
+             "prefix_cache_hit_rate": s.hit_rate, "preempted_requests": s.preempted_requests,
+             "preempted_queries": s.preempted_queries, "preempted_hits": s.preempted_hits,
+             "preemptions": engine.num_preemptions, "manager_seconds": engine.manager_seconds}
+    violations, total = [], 0
+    if engine.invariants is not None:
+        violations, total = engine.invariants.messages, engine.invariants.count
+    stats["invariant_violations"] = total
+    stats["recycled_blocks"] = engine.shadow.recycled_blocks if engine.shadow is not None else 0
+    return ReplayResult(api.label, ALLOCATOR, records(trace, turns, target=api.label, allocator=ALLOCATOR),
+                        engine.num_steps, seconds, turns, stats, violations)

@@ -1,0 +1,260 @@
+"""summary.json, typed: one pydantic model per kind of run, built once by its command (never
+grown key by key) and written in a fixed key order. `kvdiag schema` prints the JSON schema
+of all of them (docs/summary.schema.json holds it); the tests validate every kind of run
+against it.
+
+Pydantic rather than dataclasses: the schema is generated from the same classes that build
+the summary, so the published schema cannot drift from what runs write, and validation
+errors name the field.
+
+Contract (shared/ARCHITECTURE.md): `signature`, `suite`, `verdict`, `rounds` (each with
+target, allocator, round, block_reuse_rate, attention_leakage, bleu4, fact_check_pass_rate,
+foreign_slots, guard_rejections), `sqdr`, `brai`, `wall_seconds`. Fields may be added, none
+renamed; SCHEMA_VERSION counts the additions.
+
+    schema  adds
+    2       schema_version, kind, environment, verdict "inconclusive"
+    3       verdict "error", reason (one sentence: why this verdict), recycled (reproduce,
+            verify, audit), ground_truth and divergence_by_request (probe), server.engine
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kvdiag.verdicts import Verdict
+
+SCHEMA_VERSION = 3
+Num = int | float  # ints stay ints and floats floats, as the runs wrote them
+Opt = Num | None
+STAMP = ("wall_seconds", "command", "created", "schema_version", "kind", "environment")
+
+
+class RoundRow(BaseModel):
+    """One (case, target, allocator, round) of the per-round table (metrics.decay.per_round)."""
+
+    model_config = ConfigDict(extra="forbid")
+    case: str | None = None
+    target: str
+    allocator: str
+    round: int
+    sessions: int | None = None
+    bleu4: Opt = None
+    fact_check_pass_rate: Opt = None
+    attention_leakage: Opt = None
+    attention_leakage_max: Opt = None
+    block_reuse_rate: Opt = None
+    foreign_slots: int = 0
+    unwritten_slots: int = 0
+    guard_rejections: int = 0
+    nonfinite_logits: int = 0
+    preemptions: int = 0
+    diverged_sessions: int = 0
+    brai: Opt = None
+
+
+class Summary(BaseModel):
+    """What every kind writes. Subclasses add their fields; ORDER is the key order on disk."""
+
+    model_config = ConfigDict(extra="forbid", use_enum_values=False)
+    ORDER: ClassVar[tuple[str, ...]] = ()
+    OMIT_NONE: ClassVar[frozenset[str]] = frozenset()
+
+    kind: str
+    signature: str = Field(description="How the result was made, model digest included "
+                           "(kvdiag.results.Signature)")
+    suite: str
+    verdict: Verdict
+    reason: str = Field("", description="One sentence: why this verdict")
+    rounds: list[RoundRow] = Field(default_factory=list)
+    sqdr: dict[str, Opt] = Field(default_factory=dict)
+    brai: dict[str, Opt] = Field(default_factory=dict)
+    main_case: str | None = None
+    by_case: dict[str, dict[str, dict[str, Opt]]] = Field(default_factory=dict)
+    bleu_signature: str | None = None
+    # the stamp finish_run adds (kvdiag.lifecycle.stamp)
+    wall_seconds: Num = 0.0
+    command: str | None = None
+    created: str | None = None
+    schema_version: int = SCHEMA_VERSION
+    environment: dict[str, Any] = Field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        """The JSON-ready dict, keys in ORDER (then any other field, then the stamp)."""
+        data = self.model_dump(mode="json")
+        for key in self.OMIT_NONE:
+            if data.get(key) is None:
+                data.pop(key, None)
+        first = [k for k in self.ORDER if k in data]
+        rest = [k for k in data if k not in first and k not in STAMP]
+        return {k: data[k] for k in (*first, *rest, *(s for s in STAMP if s in data))}
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_dict(), indent=2, default=str) + "\n"
+
+    def round_dicts(self) -> list[dict]:
+        return [r.model_dump(mode="json", exclude_none=False) for r in self.rounds]
+
+
+METRICS_ORDER = ("rounds", "sqdr", "brai", "main_case", "by_case", "bleu_signature", "signature",
+                 "suite")
+
+
+class ReproduceSummary(Summary):
+    """kvdiag reproduce: the suite's cases through the contiguous reference and each allocator."""
+
+    ORDER = (*METRICS_ORDER, "suite_path", "cases", "targets", "allocators", "model", "device",
+             "engine_log", "seconds", "vllm_audit", "verdict", "gates", "faults")
+    OMIT_NONE = frozenset({"vllm_audit"})
+    kind: Literal["reproduce"] = "reproduce"
+    suite_path: str
+    cases: list[str]
+    targets: list[str]
+    allocators: list[str]
+    model: str
+    device: str
+    engine_log: dict[str, list[str]]
+    seconds: dict[str, dict[str, Num]]
+    vllm_audit: dict[str, dict[str, Any]] | None = None
+    gates: dict[str, dict[str, Any]]
+    faults: dict[str, list[str]]
+    recycled: dict[str, dict[str, int]] = Field(
+        default_factory=dict, description="case -> allocator -> cached blocks recycled")
+
+
+class VerifySummary(ReproduceSummary):
+    """kvdiag verify: a reproduce run whose verdict is the gate's (`run_verdict`: the run's own)."""
+
+    ORDER = (*ReproduceSummary.ORDER, "gate", "run_verdict")
+    kind: Literal["verify"] = "verify"
+    gate: dict[str, Any]
+    run_verdict: Verdict
+
+
+class ProbeSummary(Summary):
+    """kvdiag probe: a live server, shared vs cache-isolated runs of the same requests."""
+
+    ORDER = (*METRICS_ORDER, "cases", "style", "targets", "model", "verdict", "corruption_rounds",
+             "corrupted_requests", "numerics_requests", "noise_floor", "isolation",
+             "server_prefix_cache", "server", "recycling", "first_divergences",
+             "inconclusive_reason", "ground_truth", "divergence_by_request", "target_spec")
+    OMIT_NONE = frozenset({"first_divergences", "inconclusive_reason", "target_spec"})
+    kind: Literal["probe"] = "probe"
+    cases: list[str]
+    style: str
+    targets: list[str]
+    model: str
+    corruption_rounds: list[int]
+    corrupted_requests: int
+    numerics_requests: int
+    noise_floor: dict[str, Num]
+    isolation: Literal["cache_salt", "reset_prefix_cache"]
+    server_prefix_cache: dict[str, Opt]
+    server: dict[str, Any]
+    recycling: dict[str, Any]
+    first_divergences: list[dict[str, Any]] | None = None
+    inconclusive_reason: str | None = None
+    ground_truth: dict[str, Any] = Field(
+        default_factory=dict, description="isolated requests, and those that reported cached tokens")
+    divergence_by_request: list[dict[str, Num]] = Field(
+        default_factory=list, description="divergence rate by request index, in windows, so slow "
+        "decay over a long run shows")
+    target_spec: str | None = None
+
+
+class AuditSummary(Summary):
+    """kvdiag audit-vllm: a trace replayed through vLLM's own KVCacheManager, model-free."""
+
+    ORDER = (*METRICS_ORDER, "cases", "targets", "allocators", "model", "fault", "vllm_audit",
+             "verdict", "gates", "faults")
+    OMIT_NONE = frozenset({"fault"})
+    kind: Literal["audit"] = "audit"
+    cases: list[str]
+    targets: list[str]
+    allocators: list[str]
+    model: str
+    fault: str | None = Field(None, description="the fault planted into vLLM in-process, if any")
+    vllm_audit: dict[str, Any]
+    gates: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    faults: dict[str, list[str]] = Field(default_factory=dict)
+
+
+class IsolationSummary(Summary):
+    """kvdiag isolation: can one tenant tell another's prefix from the cache?"""
+
+    ORDER = ("signature", "suite", "verdict", "reason", "target", "model", "rounds", "sqdr",
+             "brai", "requests", "leaks", "isolation")
+    kind: Literal["isolation"] = "isolation"
+    target: str
+    model: str
+    requests: int
+    leaks: list[dict[str, Any]]
+    isolation: dict[str, Any]
+
+
+class RegressBlock(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    run_id: str
+    target: str
+    verdict: Verdict
+    reason: str = ""
+    key: dict[str, Any]
+    key_id: str
+    tolerances: dict[str, Num]
+    measurement: dict[str, dict[str, Any]]
+    brai: dict[str, Opt]
+    baseline: dict[str, Any] | None
+    regressed: dict[str, list[int]]
+    ground_truth_failures: list[str]
+    failed_checks: list[dict[str, Any]]
+
+
+class RegressReferenceSummary(ReproduceSummary):
+    """kvdiag regress on the reference engine (a fleet cell too): the reproduce run measured,
+    its comparison with the baseline in `regress`."""
+
+    ORDER = (*ReproduceSummary.ORDER, "cold_cache", "regress")
+    kind: Literal["regress"] = "regress"
+    cold_cache: bool
+    regress: RegressBlock
+
+
+class RegressProbeSummary(ProbeSummary):
+    """kvdiag regress on a live server (a fleet cell too): the probe measured, compared."""
+
+    ORDER = (*ProbeSummary.ORDER, "cold_cache", "regress")
+    kind: Literal["regress"] = "regress"
+    cold_cache: bool
+    regress: RegressBlock
+
+
+class MatrixSummary(Summary):
+    """kvdiag detect: healthy and every planted fault, through the audit and the live probe."""
+
+    ORDER = ("signature", "suite", "verdict", "reason", "engine", "paths", "matrix", "rounds",
+             "sqdr", "brai")
+    kind: Literal["matrix"] = "matrix"
+    engine: str
+    paths: list[str]
+    matrix: list[dict[str, Any]]
+
+
+KINDS: tuple[type[Summary], ...] = (ReproduceSummary, VerifySummary, ProbeSummary, AuditSummary,
+                                    IsolationSummary, RegressReferenceSummary, RegressProbeSummary,
+                                    MatrixSummary)
+
+
+def json_schema() -> dict:
+    """The JSON schema of summary.json: any one of the kinds (each names itself in `kind`)."""
+    from typing import Union
+
+    from pydantic import TypeAdapter
+
+    adapter = TypeAdapter(Union[KINDS])  # noqa: UP007 (a runtime tuple of classes)
+    schema = adapter.json_schema(mode="serialization")
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$id": "https://kvdiag.dev/schema/summary.json",
+            "title": f"kvdiag summary.json (schema_version {SCHEMA_VERSION})", **schema}

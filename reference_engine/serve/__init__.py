@@ -1,0 +1,1 @@
+"""The reference engine behind an OpenAI-compatible HTTP server."""

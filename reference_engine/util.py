@@ -1,0 +1,6 @@
+"""Small arithmetic shared by the engine and the toolkit."""
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division: how many blocks of b hold a tokens."""
+    return -(-a // b)

@@ -1,0 +1,189 @@
+"""One verdict, everywhere: the judges' rules (kvdiag.verdicts), and a check of the source
+that no other module assigns a verdict value (only kvdiag.verdicts may write pass, fail,
+inconclusive or error; everything else reads them)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from kvdiag.verdicts import (
+    Verdict,
+    judge_fleet,
+    judge_gate,
+    judge_matrix,
+    judge_probe,
+    judge_reference,
+    judge_regress,
+    judge_series,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+VALUES = {v.value for v in Verdict} | {v.value.upper() for v in Verdict}
+MEMBERS = {v.name for v in Verdict}
+
+
+def _parents(tree: ast.AST) -> dict[ast.AST, ast.AST]:
+    return {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+
+
+def _reading(node: ast.AST, parents: dict) -> bool:
+    """A verdict literal used to read one: inside a comparison (`v is Verdict.PASS`,
+    `x in ("pass", "fail")`), as a dict key (a colour per verdict), or as a subscript."""
+    child, parent = node, parents.get(node)
+    while parent is not None:
+        if isinstance(parent, ast.Compare):
+            return True
+        if isinstance(parent, ast.Dict) and child in parent.keys:
+            return True
+        if isinstance(parent, ast.Subscript) and child is parent.slice:
+            return True
+        if not isinstance(parent, (ast.Tuple, ast.List, ast.Set, ast.Attribute)):
+            return False
+        child, parent = parent, parents.get(parent)
+    return False
+
+
+def _verdictish(name: str) -> bool:
+    return "verdict" in name.lower() or "status" in name.lower()
+
+
+def _target_name(node: ast.AST) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        return str(node.slice.value)
+    return ""
+
+
+def _literal_writes(tree: ast.AST) -> list[ast.AST]:
+    """Verdict words written where a verdict is stored: assigned to a name, attribute or key
+    called *verdict* or *status*, a dict's "verdict"/"status" value, or such a keyword."""
+    def words(value):
+        return [n for n in ast.walk(value) if isinstance(n, ast.Constant) and n.value in VALUES]
+
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if node.value is not None and any(_verdictish(_target_name(t)) for t in targets):
+                out += words(node.value)
+        elif isinstance(node, ast.Dict):
+            out += [w for k, v in zip(node.keys, node.values) if isinstance(k, ast.Constant)
+                    and isinstance(k.value, str) and _verdictish(k.value) for w in words(v)]
+        elif isinstance(node, ast.keyword) and node.arg and _verdictish(node.arg):
+            out += words(node.value)
+    return out
+
+
+def _assignments(path: Path) -> list[str]:
+    """Every verdict value written in `path`: a Verdict member outside a reading position,
+    or a verdict word stored as a verdict (_literal_writes)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    parents = _parents(tree)
+    found = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr in MEMBERS
+             and isinstance(n.value, ast.Name) and n.value.id == "Verdict"
+             and not _reading(n, parents)]
+    found += [n for n in _literal_writes(tree) if not _reading(n, parents)]
+    return [f"{path.relative_to(ROOT)}:{n.lineno}: {ast.unparse(n)}" for n in found]
+
+
+def test_no_module_but_the_verdict_module_assigns_a_verdict():
+    sources = [p for package in ("kvdiag", "reference_engine") for p in (ROOT / package).rglob("*.py")
+               if p != ROOT / "kvdiag" / "verdicts.py"]
+    assigned = [line for p in sources for line in _assignments(p)]
+    assert not assigned, "verdicts assigned outside kvdiag/verdicts.py:\n" + "\n".join(assigned)
+
+
+def test_the_source_check_can_fail(tmp_path):
+    """The check above sees an assignment where there is one."""
+    (tmp_path / "kvdiag").mkdir()
+    bad = tmp_path / "kvdiag" / "x.py"
+    bad.write_text('summary = {"verdict": "pass"}\nv = Verdict.FAIL\nok = v is Verdict.PASS\n'
+                   'status = "FAIL" if ok else "ERROR"\ncss = "pass"\n')
+    global ROOT
+    saved, ROOT = ROOT, tmp_path
+    try:
+        assert len(_assignments(bad)) == 4  # not the comparison, not the CSS class
+    finally:
+        ROOT = saved
+
+
+def test_exit_codes_and_order():
+    assert [v.exit_code for v in Verdict] == [0, 1, 2, 2]
+    assert Verdict.worst([Verdict.PASS, Verdict.INCONCLUSIVE]) is Verdict.INCONCLUSIVE
+    assert Verdict.worst([Verdict.ERROR, Verdict.FAIL]) is Verdict.FAIL
+    assert Verdict.parse("no such verdict") is Verdict.ERROR  # never a silent pass
+
+
+def _row(allocator, rnd, foreign=0, case="c"):
+    return {"case": case, "target": "reference", "allocator": allocator, "round": rnd,
+            "foreign_slots": foreign, "bleu4": 100.0 if not foreign else 80.0,
+            "fact_check_pass_rate": 1.0, "attention_leakage": None, "brai": 0.0}
+
+
+def test_a_clean_series_without_recycling_proves_nothing():
+    rounds = [_row("contiguous", 1), _row("guarded", 1)]
+    assert judge_reference(rounds, [("c", False)], {"c": {"guarded": 0}}).verdict is Verdict.INCONCLUSIVE
+    assert judge_reference(rounds, [("c", False)], {"c": {"guarded": 5}}).verdict is Verdict.PASS
+    # an ablation (control) case passes flat without recycling: its point is the absence
+    assert judge_reference(rounds, [("c", True)], {"c": {"guarded": 0}}).verdict is Verdict.PASS
+
+
+def test_a_faulty_series_that_shows_nothing_is_not_reproduced():
+    rounds = [_row("contiguous", 1), _row("guarded", 1), _row("buggy", 1)]
+    judged = judge_reference(rounds, [("c", False)], {"c": {"buggy": 9, "guarded": 9}})
+    assert judged.verdict is Verdict.INCONCLUSIVE and "not reproduced" in judged.reason
+    rounds[-1] = _row("buggy", 1, foreign=40)
+    assert judge_reference(rounds, [("c", False)], {"c": {}}).verdict is Verdict.PASS
+
+
+def test_the_guard_gate_needs_recycling():
+    rounds = [_row("contiguous", 1), _row("guarded", 1)]
+    log = {"c/guarded": ["Using SequenceGuard for block allocation."]}
+    assert judge_gate(rounds, log, "c", "guarded", True, recycled=12).verdict is Verdict.PASS
+    assert judge_gate(rounds, log, "c", "guarded", True, recycled=0).verdict is Verdict.INCONCLUSIVE
+    assert judge_gate(rounds, {}, "c", "guarded", True, recycled=12).verdict is Verdict.FAIL
+
+
+def test_a_series_under_test():
+    assert judge_series([], recycled=False, name="c/buggy").verdict is Verdict.INCONCLUSIVE
+    assert judge_series([], recycled=True, name="c/guarded").verdict is Verdict.PASS
+    assert judge_series(["round 3: foreign_slots = 9"], False, "c/buggy").verdict is Verdict.FAIL
+
+
+@pytest.mark.parametrize("contaminated,corrupted,observed,want", [
+    (0, 0, True, Verdict.PASS), (0, 3, True, Verdict.FAIL), (0, 0, False, Verdict.INCONCLUSIVE),
+    (2, 0, True, Verdict.ERROR), (2, 3, True, Verdict.ERROR)])
+def test_the_probe_checks_its_ground_truth(contaminated, corrupted, observed, want):
+    judged = judge_probe(corrupted=corrupted, rounds=[4] if corrupted else [],
+                         recycling_observed=observed, recycling_how="cached fractions fell",
+                         contaminated=contaminated, isolated=48, isolation="cache_salt", pool="x")
+    assert judged.verdict is want
+    if want is Verdict.ERROR:
+        assert judged.reason.startswith(f"ground truth contaminated: {contaminated} of 48")
+
+
+def test_a_regression_run_is_never_better_than_its_ground_truth():
+    assert judge_regress(Verdict.INCONCLUSIVE, "no recycling", []).verdict is Verdict.INCONCLUSIVE
+    assert judge_regress(Verdict.INCONCLUSIVE, "no recycling", ["bleu4"]).verdict is Verdict.FAIL
+    assert judge_regress(Verdict.ERROR, "contaminated", []).verdict is Verdict.ERROR
+    assert judge_regress(Verdict.PASS, "held", []).verdict is Verdict.PASS
+
+
+def test_a_fleet_is_its_worst_cell():
+    assert judge_fleet([Verdict.PASS, Verdict.INCONCLUSIVE]).verdict is Verdict.INCONCLUSIVE
+    assert judge_fleet([Verdict.ERROR, Verdict.PASS]).verdict.exit_code == 2
+    assert judge_fleet([Verdict.ERROR, Verdict.FAIL]).verdict is Verdict.FAIL
+
+
+def test_the_detection_matrix():
+    rows = [("healthy", Verdict.PASS, Verdict.PASS), ("stale-hash", Verdict.FAIL, Verdict.FAIL)]
+    assert judge_matrix(rows).verdict is Verdict.PASS
+    assert judge_matrix(rows + [("partial-hash", Verdict.PASS, Verdict.FAIL)]).verdict is Verdict.FAIL
+    assert judge_matrix([("healthy", Verdict.FAIL, Verdict.PASS)]).verdict is Verdict.FAIL
+    assert judge_matrix(rows + [("x", Verdict.INCONCLUSIVE, Verdict.FAIL)]).verdict is Verdict.INCONCLUSIVE
