@@ -4,6 +4,23 @@ request has the length the case's schedule asks for, and their prompt token ids.
 Histories are teacher-forced with the expected answers (a client replaying a transcript),
 so every target and allocator sees exactly the same prompts, and the trigger's lengths
 (4095 -> 4112, ...) hold exactly under the model's own tokenizer and chat template.
+
+Two options make the traffic reach fault classes the trigger alone does not (the probe and
+the model-free audit use both; reproduce's cases keep their prompts as they are):
+
+    spread    each session's copy of the shared system prompt is cut a few words short, so
+              that sessions diverge from one another at every slot offset of a block, the
+              last slot first, not only at block starts: a block hash that leaves part of
+              the block out then makes two different blocks collide
+
+                  block:      | 0 1 2 ... 29 30 31 |
+                  session 0:  | w w w ...  w  w  w | w w ...   (the whole prompt)
+                  session 1:  | w w w ...  w  w  E | ...       diverges at offset 31
+                  session 2:  | w w w ...  w  E  . | ...       diverges at offset 30 ...
+
+    adapter   rounds alternate between the base model and a LoRA adapter (model_for):
+              every round reads a history the other model computed, which a block hash
+              without the adapter serves from the cache
 """
 
 from __future__ import annotations
@@ -26,6 +43,12 @@ class CasePlan:
     sessions: list[Session]
     prompts: list[list[list[int]]]  # [session][round] -> prompt token ids
     schedule: Schedule
+    adapter: str | None = None  # a LoRA adapter that alternate rounds are sent under
+
+    def model_for(self, session: int, rnd: int) -> str | None:
+        """The adapter round `rnd` (0-based) of session `session` names, or None (the base
+        model): rounds alternate, and neighbouring sessions start on different models."""
+        return self.adapter if self.adapter and (session + rnd) % 2 else None
 
     @property
     def style(self) -> str:
@@ -47,15 +70,41 @@ def system_prompt(style: str, tokenizer, tokens: int, seed: int) -> str | None:
     return " ".join(words)
 
 
-def plan_case(suite: Suite, case: Case, tokenizer, block_size: int | None = None) -> CasePlan:
+def spread_systems(system: str | None, sessions: int, tokenizer, block_size: int) -> list[str | None]:
+    """Each session's cut of the shared system prompt (see the module docstring): session 0
+    keeps it whole; session s >= 1 ends it where it diverges from the whole one at offset
+    block_size - 1 - (s - 1) * block_size // (sessions - 1) of a block (the nearest offset
+    a cut at a word reaches, for tokenizers whose words span several tokens)."""
+    if not system or sessions < 2:
+        return [system] * sessions
+    words = system.split(" ")
+    whole = tokenizer.encode_chat([{"role": "system", "content": system}])
+    at = {}  # offset within a block -> the longest cut (in words) that diverges there
+    for m in range(len(words) - 1, max(0, len(words) - 3 * block_size) - 1, -1):
+        ids = tokenizer.encode_chat([{"role": "system", "content": " ".join(words[:m])}])
+        i = next((j for j, (a, b) in enumerate(zip(ids, whole)) if a != b), min(len(ids), len(whole)))
+        at.setdefault(i % block_size, m)
+    cuts = [len(words)]
+    for s in range(1, sessions):
+        want = block_size - 1 - (s - 1) * block_size // (sessions - 1)
+        near = min(at, key=lambda o: ((o - want) % block_size, -o)) if at else None
+        cuts.append(at.get(want, at.get(near, len(words))))
+    return [" ".join(words[:m]) for m in cuts]
+
+
+def plan_case(suite: Suite, case: Case, tokenizer, block_size: int | None = None, *,
+              spread: bool = False, adapter: str | None = None) -> CasePlan:
     """`block_size`: the server's, where it differs from the suite's (the jump then lands on
-    that block size's boundary: 4095 -> 4128 at 32); the plan's suite carries it."""
+    that block size's boundary: 4095 -> 4128 at 32); the plan's suite carries it. `spread`
+    and `adapter`: see the module docstring."""
     if block_size and block_size != suite.block_size:
         suite = dataclasses.replace(suite, block_size=block_size)
     tokenizer = PieceEncoder.wrap(tokenizer)
     seed = case.seed if case.seed is not None else suite.seed
     style = case.style or suite.style
     system = system_prompt(style, tokenizer, case.shared_prefix, seed)
+    systems = (spread_systems(system, case.sessions, tokenizer, suite.block_size) if spread
+               else [system] * case.sessions)
 
     def count_tokens(messages: list[dict]) -> int:
         return len(tokenizer.encode_chat(messages))
@@ -74,7 +123,7 @@ def plan_case(suite: Suite, case: Case, tokenizer, block_size: int | None = None
             session = build_session(SessionPlan(
                 kb, style=style, seed=seed, planner=planner, num_rounds=case.rounds,
                 answer_tokens=answer_tokens, count_tokens=count_tokens, session_id=f"s{s:02d}",
-                recite_every=case.recite_every, system=system, block_size=suite.block_size,
+                recite_every=case.recite_every, system=systems[s], block_size=suite.block_size,
                 new_facts=case.new_facts, ask_recent=case.ask_recent, ask_new=case.ask_new))
         except ValueError as e:
             raise SuiteError(f"{suite.path}: case {case.name}: session {s}: {e}") from None
@@ -90,7 +139,7 @@ def plan_case(suite: Suite, case: Case, tokenizer, block_size: int | None = None
     schedule = finish_schedule(case.condition, [[len(p) for p in ps] for ps in prompts], answers,
                                block_size=suite.block_size, shared_prefix=shared,
                                pressure_round=case.pressure_round, max_think=case.max_think, seed=seed)
-    return CasePlan(suite, case, sessions, prompts, schedule)
+    return CasePlan(suite, case, sessions, prompts, schedule, adapter)
 
 
 class PieceEncoder:

@@ -15,7 +15,8 @@ renamed; SCHEMA_VERSION counts the additions.
     schema  adds
     2       schema_version, kind, environment, verdict "inconclusive"
     3       verdict "error", reason (one sentence: why this verdict), recycled (reproduce,
-            verify, audit), ground_truth and divergence_by_request (probe), server.engine
+            verify), ground_truth, divergence_by_request and traffic (probe), server.engine,
+            fault (audit), the detection matrix
 """
 
 from __future__ import annotations
@@ -140,7 +141,8 @@ class ProbeSummary(Summary):
     ORDER = (*METRICS_ORDER, "cases", "style", "targets", "model", "verdict", "corruption_rounds",
              "corrupted_requests", "numerics_requests", "noise_floor", "isolation",
              "server_prefix_cache", "server", "recycling", "first_divergences",
-             "inconclusive_reason", "ground_truth", "divergence_by_request", "target_spec")
+             "inconclusive_reason", "ground_truth", "divergence_by_request", "traffic",
+             "target_spec")
     OMIT_NONE = frozenset({"first_divergences", "inconclusive_reason", "target_spec"})
     kind: Literal["probe"] = "probe"
     cases: list[str]
@@ -162,6 +164,9 @@ class ProbeSummary(Summary):
     divergence_by_request: list[dict[str, Num]] = Field(
         default_factory=list, description="divergence rate by request index, in windows, so slow "
         "decay over a long run shows")
+    traffic: dict[str, Any] = Field(
+        default_factory=dict, description="what the shared traffic held: spread offsets, twins, "
+        "an adapter (kvdiag.plan)")
     target_spec: str | None = None
 
 

@@ -296,18 +296,20 @@ def judge_probe(*, corrupted: int, rounds: list[int], recycling_observed: bool,
 
 
 def judge_audit(*, corrupted_rounds: list[int], invariant_violations: int, cross_tenant_hits: int,
-                recycled_blocks: int) -> Judgement:
-    """vLLM's allocator replayed model-free: any foreign or unwritten read, broken invariant or
-    hit across tenants (salts, adapters) fails; a replay that recycled no cached block is
-    inconclusive (the trigger was not reached)."""
-    if corrupted_rounds or invariant_violations or cross_tenant_hits:
+                recycled_blocks: int, epilogue: list[str] = ()) -> Judgement:
+    """vLLM's allocator replayed model-free: any foreign or unwritten read, broken invariant,
+    hit across cache_salts, or wrong hit after the trace (`epilogue`: after a reset, across
+    salts, across adapters) fails; a replay that recycled no cached block is inconclusive
+    (the trigger was not reached)."""
+    if corrupted_rounds or invariant_violations or cross_tenant_hits or epilogue:
         parts = []
         if corrupted_rounds:
             parts.append(f"foreign or unwritten slots read in rounds {corrupted_rounds}")
         if invariant_violations:
             parts.append(f"{invariant_violations} invariant violation(s)")
         if cross_tenant_hits:
-            parts.append(f"{cross_tenant_hits} cache hit(s) on blocks another tenant or model wrote")
+            parts.append(f"{cross_tenant_hits} cache hit(s) on blocks another cache_salt wrote")
+        parts += list(epilogue)
         return Judgement(Verdict.FAIL, "vLLM's allocator: " + "; ".join(parts))
     if not recycled_blocks:
         return Judgement(Verdict.INCONCLUSIVE, "the trigger was not reached: the replay recycled no "

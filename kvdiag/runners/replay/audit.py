@@ -9,13 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvdiag.runners.records import Record
-from kvdiag.runners.replay.trace import Trace
+from kvdiag.runners.replay.trace import Trace, is_twin
 from kvdiag.vocab import CONTIGUOUS
 
 
-def trace_for_case(suite, case, model=None, device: str = "cpu", dtype: str | None = None) -> Trace:
+def trace_for_case(suite, case, model=None, device: str = "cpu", dtype: str | None = None, *,
+                   spread: bool = True, twins: bool = True, adapter: str | None = None) -> Trace:
     """Plan the case with the model's tokenizer and run the contiguous reference for the
-    outputs every replay teacher-forces."""
+    outputs every replay teacher-forces. `spread`, `adapter` (kvdiag.plan) and `twins`
+    (trace.from_plan) are the live probe's traffic, so the audit reaches what it reaches."""
     from kvdiag.paths import CANARY
     from kvdiag.plan import plan_case
     from kvdiag.runners.reference.engine import run_case
@@ -23,9 +25,9 @@ def trace_for_case(suite, case, model=None, device: str = "cpu", dtype: str | No
     from reference_engine.loader import load_checkpoint
 
     checkpoint = load_checkpoint(Path(model or suite.model or CANARY))
-    plan = plan_case(suite, case, checkpoint.tokenizer)
+    plan = plan_case(suite, case, checkpoint.tokenizer, spread=spread, adapter=adapter)
     result = run_case(plan, checkpoint, [], device=device, dtype=dtype)
-    return from_plan(plan, result.records)
+    return from_plan(plan, result.records, twins=twins)
 
 
 def reference_records(trace: Trace) -> list[Record]:
@@ -40,9 +42,13 @@ def reference_records(trace: Trace) -> list[Record]:
 
 
 def vllm_section(result, ours=None, stages=()) -> dict:
-    """summary.json's "vllm_audit": vLLM's own statistics, invariants, per-round reads."""
+    """summary.json's "vllm_audit": vLLM's own statistics, invariants, per-round reads (the
+    twins' reads counted apart, under "twins")."""
     rounds: dict[int, dict] = {}
+    twins = [r for r in result.records if is_twin(r.session)]
     for r in result.records:
+        if is_twin(r.session):
+            continue
         row = rounds.setdefault(r.round, {"round": r.round, "hit_tokens": 0, "query_tokens": 0,
                                           "foreign_slots": 0, "unwritten_slots": 0,
                                           "sessions_with_foreign_reads": []})
@@ -54,11 +60,17 @@ def vllm_section(result, ours=None, stages=()) -> dict:
             row["sessions_with_foreign_reads"].append(r.session)
     for row in rounds.values():
         row["vllm_hit_rate"] = row["hit_tokens"] / row["query_tokens"] if row["query_tokens"] else 0.0
-    bad_rounds = sorted(n for n, row in rounds.items() if row["foreign_slots"] or row["unwritten_slots"])
+    bad_rounds = sorted({n for n, row in rounds.items() if row["foreign_slots"] or row["unwritten_slots"]}
+                        | {r.round for r in twins if r.foreign_slots or r.unwritten_slots})
     section = {"target": result.target, **result.stats, "steps": result.steps,
                "replay_seconds": round(result.seconds, 3),
                "invariant_messages": result.violations, "rounds": list(rounds.values()),
                "recycled_blocks": result.stats.get("recycled_blocks", 0),
+               "twins": {"requests": len(twins), "foreign_slots": sum(r.foreign_slots for r in twins),
+                         "unwritten_slots": sum(r.unwritten_slots for r in twins)},
+               "cross_tenant_hits": result.stats.get("cross_tenant_hits", 0),
+               "prompt_logprob_hits": result.stats.get("prompt_logprob_hits", 0),
+               "epilogue": result.stats.get("epilogue"),
                "corrupted_rounds": bad_rounds,
                "corrupted": bool(bad_rounds) or bool(result.stats.get("invariant_violations"))}
     if ours is not None:
@@ -95,8 +107,9 @@ class AuditRun:
 
 
 def audit_trace(trace: Trace, *, compare: str | None = "prefix-cache", explain: bool = True,
-                api=None) -> AuditRun:
-    """Replay `trace` through vLLM (and `compare`, one of our allocators)."""
+                api=None, epilogue: bool = True) -> AuditRun:
+    """Replay `trace` through vLLM (and `compare`, one of our allocators), then vLLM's
+    isolation and reset checks (epilogue.py)."""
     import pandas as pd
 
     from kvdiag.metrics.decay import summarize
@@ -105,13 +118,14 @@ def audit_trace(trace: Trace, *, compare: str | None = "prefix-cache", explain: 
     from kvdiag.runners.replay.vllm_api import load
 
     api = api or load()
-    result = replay_vllm(trace, api=api)
+    result = replay_vllm(trace, api=api, epilogue=epilogue)
     ours = replay_allocator(trace, compare) if compare else None
     stages = []
     if explain and compare == "prefix-cache":
         from kvdiag.runners.replay.hit_diff import explain as explain_hits
 
         stages = explain_hits(trace, api)
-    rows = reference_records(trace) + result.records + (ours.records if ours else [])
+    rows = [r for r in reference_records(trace) + result.records + (ours.records if ours else [])
+            if not is_twin(r.session)]  # twins are traffic: their reads are in the section
     frame = pd.DataFrame([r.as_dict() for r in rows])
     return AuditRun(trace, frame, summarize(frame), result, ours, stages, api.version)

@@ -58,6 +58,11 @@ class Invariants:
             self.hash_fp.setdefault(bytes(hashes[i]), int(values[(i + 1) * bs - 1]))
             turn.hashed_blocks = i + 1
 
+    def forget(self) -> None:
+        """After a prefix-cache reset: every hash -> prefix learned so far named K/V of the
+        old weights; what the hashes name from now on is learned anew."""
+        self.hash_fp.clear()
+
     # --- the checks ------------------------------------------------------------------
     def check(self, step: int, tables: list[list[int]]) -> None:
         """tables: the block table of every running request."""

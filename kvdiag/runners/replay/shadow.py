@@ -4,6 +4,7 @@ each request reads, so we keep, per slot, the fingerprint of the token prefix wh
 its last writer would have stored there (reference_engine.kv_cache's provenance ledger).
 
     ledger: [num_blocks * block_size] int64, UNWRITTEN after allocation
+    tenant: [num_blocks] int64, the cache_salt (tenant_of) of the block's last writer
 
 Each step writes every scheduled request's new positions, then checks every scheduled
 request's whole context against its own prefix fingerprints (writes first: the K/V of a
@@ -12,11 +13,25 @@ step is stored, layer by layer, before any attention of that step reads it).
 
 from __future__ import annotations
 
+import hashlib
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from reference_engine.kv_cache import UNWRITTEN, Fingerprints
+
+
+def namespace(lora: str | None, epoch: int = 0) -> int:
+    """The fingerprint namespace of K/V written under adapter `lora` (None: the base model)
+    after `epoch` weight updates (prefix-cache resets): 0 for the base model's first."""
+    if not lora and not epoch:
+        return 0
+    return int.from_bytes(hashlib.sha256(f"{lora or ''}|{epoch}".encode()).digest()[:8], "big")
+
+
+def tenant_of(cache_salt: str | None) -> int:
+    return 0 if cache_salt is None else zlib.crc32(cache_salt.encode()) + 1
 
 
 @dataclass
@@ -61,6 +76,7 @@ class StepItem:
     fingerprints: Fingerprints
     log: ReadLog
     stats: object  # RequestStats: foreign_slots / unwritten_slots are set here
+    tenant: int = 0  # tenant_of(the request's cache_salt)
 
 
 class ShadowCache:
@@ -69,6 +85,7 @@ class ShadowCache:
         self.ledger = np.zeros(num_blocks * block_size, dtype=np.int64)
         self._offsets = np.arange(block_size, dtype=np.int64)
         self.recycled_blocks = 0  # full blocks handed out again: the recycling the trigger needs
+        self.tenant = np.zeros(num_blocks, dtype=np.int64)
 
     def allocate(self, block_ids) -> None:
         """Blocks handed out for new K/V: nobody has written them yet."""
@@ -85,13 +102,22 @@ class ShadowCache:
     def step(self, items: list[StepItem], step: int) -> None:
         for it in items:
             end = it.start + it.num_tokens
-            self.ledger[self.slots(it.block_table, it.start, end)] = it.fingerprints.values(it.start, end)
+            slots = self.slots(it.block_table, it.start, end)
+            self.ledger[slots] = it.fingerprints.values(it.start, end)
+            self.tenant[slots // self.block_size] = it.tenant
         for it in items:
             ctx = it.start + it.num_tokens
             got = self.ledger[self.slots(it.block_table, 0, ctx)]
             unwritten = got == UNWRITTEN
             foreign = (got != it.fingerprints.values(0, ctx)) & ~unwritten
             it.stats.foreign_slots, it.stats.unwritten_slots = it.log.add(foreign, unwritten, step)
+
+    def cross_tenant(self, block_ids: list[int], tenant: int) -> int:
+        """How many of these cache hits a request of `tenant` got on blocks another tenant
+        (another cache_salt) wrote: each one a leak across salts."""
+        if not len(block_ids):
+            return 0
+        return int((self.tenant[np.asarray(block_ids, dtype=np.int64)] != tenant).sum())
 
     def holds(self, block_id: int, fingerprint: int) -> bool:
         """Whether the block's last slot holds K/V written after exactly this prefix."""

@@ -52,6 +52,8 @@ class TraceRequest:
     output_ids: list[int]  # the contiguous reference's tokens, stop token included
     think_steps: int = 0
     cache_salt: str | None = None
+    lora: str | None = None  # the adapter the request names (its K/V are the adapter's)
+    prompt_logprobs: bool = False  # asks for prompt logprobs: must not read the prefix cache
     kind: str = "question"
     output_text: str = ""
     expected_text: str = ""
@@ -83,9 +85,20 @@ class Trace:
         return sum(len(r.prompt_ids) + len(r.output_ids) for r in self.requests)
 
 
-def from_plan(plan, reference_records, cache_salt: str | None = None) -> Trace:
+def twin_id(session: str) -> str:
+    return f"t~{session}"
+
+
+def is_twin(session: str) -> bool:
+    return session.startswith("t~")
+
+
+def from_plan(plan, reference_records, cache_salt: str | None = None, twins: bool = False) -> Trace:
     """The trace of a CasePlan, with the contiguous reference's outputs (Records whose
-    allocator is "contiguous", as kvdiag.runners.reference.engine.run_case yields them)."""
+    allocator is "contiguous", as kvdiag.runners.reference.engine.run_case yields them).
+    Each request names the adapter plan.model_for gives it. `twins`: every session gets a
+    twin session (twin_id) sending the same prompts at the same times for one token with
+    prompt logprobs, as the live probe's twins do."""
     s = plan.schedule
     config = TraceConfig(suite=plan.suite.name, case=plan.case.name, block_size=s.block_size,
                          num_blocks=s.num_blocks, max_num_seqs=plan.suite.max_num_seqs,
@@ -100,9 +113,14 @@ def from_plan(plan, reference_records, cache_salt: str | None = None) -> Trace:
             requests.append(TraceRequest(
                 session=session.session_id, round=ri + 1, prompt_ids=list(plan.prompts[si][ri]),
                 output_ids=list(rec.output_token_ids), think_steps=s.think(si, ri),
-                cache_salt=cache_salt, kind=rec.kind, output_text=rec.output_text,
-                expected_text=rec.expected_text, fact_check_pass=rec.fact_check_pass,
-                fact_check_reason=rec.fact_check_reason))
+                cache_salt=cache_salt, lora=plan.model_for(si, ri), kind=rec.kind,
+                output_text=rec.output_text, expected_text=rec.expected_text,
+                fact_check_pass=rec.fact_check_pass, fact_check_reason=rec.fact_check_reason))
+    if twins:
+        requests += [dataclasses.replace(r, session=twin_id(r.session), output_ids=r.output_ids[:1],
+                                         prompt_logprobs=True, output_text="", expected_text="",
+                                         fact_check_pass=math.nan, fact_check_reason="")
+                     for r in list(requests)]
     return Trace(config, requests)
 
 
@@ -201,9 +219,10 @@ def read_trace(path: Path) -> Trace:
         _int_list(row["output_ids"], where, "output_ids")
         if not row["prompt_ids"] or not row["output_ids"]:
             raise KvdiagError(f"{where}: 'prompt_ids' and 'output_ids' must not be empty")
-        salt = row.get("cache_salt")
-        if salt is not None and (not isinstance(salt, str) or not salt):
-            raise KvdiagError(f"{where}: 'cache_salt' must be a non-empty string or null")
+        for key in ("cache_salt", "lora"):
+            value = row.get(key)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise KvdiagError(f"{where}: {key!r} must be a non-empty string or null")
         think = row.get("think_steps", 0)
         if not isinstance(think, int) or think < 0:
             raise KvdiagError(f"{where}: 'think_steps' must be a non-negative integer")

@@ -48,6 +48,9 @@ class VllmTurn:
     reads: ReadLog = field(default_factory=ReadLog)
     first_admission: bool = True
     hashed_blocks: int = 0  # block hashes already entered in the audit's hash -> prefix map
+    tenant: int = 0  # shadow.tenant_of(its cache_salt)
+    hit_blocks: list = field(default_factory=list)  # its first admission's cache hits, checked
+    # once the step that admitted it has written (blocks cached in that step are written then)
 
     @property
     def label(self) -> str:
@@ -75,19 +78,25 @@ class VllmReplay:
         self.num_steps = 0
         self.num_preemptions = 0
         self.manager_seconds = 0.0  # time inside vLLM (manager calls, Request hashing)
+        self.epoch = 0  # prefix-cache resets so far: K/V written before one are another model's
+        self.cross_tenant_hits = 0  # cache hits on blocks another cache_salt wrote
+        self.prompt_logprob_hits = 0  # prompt-logprob requests served tokens from the cache
 
     # --- requests ----------------------------------------------------------------------
     def add_request(self, prompt_ids, max_tokens, tag=None, session=None, **_):
+        from kvdiag.runners.replay.shadow import namespace, tenant_of
         from reference_engine.kv_cache import Fingerprints
         from reference_engine.sequence import RequestStats
 
         req = self.index[(tag.session, tag.round)]
         t0 = time.perf_counter()
-        request = self.api.make_request(f"{tag.session}-{tag.round + 1}", prompt_ids,
-                                        len(req.output_ids), self.cfg.block_size, req.cache_salt)
+        request = self.api.make_request(f"{tag.session}-{tag.round + 1}-{self.epoch}", prompt_ids,
+                                        len(req.output_ids), self.cfg.block_size, req.cache_salt,
+                                        lora=req.lora, prompt_logprobs=req.prompt_logprobs)
         self.manager_seconds += time.perf_counter() - t0
-        turn = VllmTurn(tag, request, req.output_ids, Fingerprints(prompt_ids),
-                        RequestStats(prompt_tokens=len(prompt_ids)))
+        turn = VllmTurn(tag, request, req.output_ids,
+                        Fingerprints(prompt_ids, namespace(req.lora, self.epoch)),
+                        RequestStats(prompt_tokens=len(prompt_ids)), tenant=tenant_of(req.cache_salt))
         self.waiting.append(turn)
         return turn
 
@@ -107,6 +116,15 @@ class VllmReplay:
             return table[had + hits // self.cfg.block_size:]
         finally:
             self.manager_seconds += time.perf_counter() - t0
+
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's own reset, as after a weight update: K/V written before it are now another
+        model's (the epoch changes the fingerprints of what comes after)."""
+        done = bool(self.manager.reset_prefix_cache())
+        self.epoch += 1
+        if self.invariants is not None:
+            self.invariants.forget()
+        return done
 
     def _violation(self, message: str) -> None:
         if self.invariants is not None:
@@ -133,6 +151,12 @@ class VllmReplay:
         blocks, hits = api.lookup(self.manager, req)
         counted = api.take_stats(self.manager) if api.stats_at_lookup else None
         self.manager_seconds += time.perf_counter() - t0
+        if self.shadow is not None and hits and turn.first_admission:
+            turn.hit_blocks = api.block_ids(blocks)
+            if req.sampling_params.prompt_logprobs is not None:
+                self.prompt_logprob_hits += 1
+                self._violation(f"{turn.label}: asked for prompt logprobs and was served {hits} "
+                                "tokens from the prefix cache (their logprobs are never computed)")
         if counted is not None:  # 0.17 counts every lookup, admitted or not
             self.cache_stats.add(counted)
         num_new = min(req.num_tokens - hits, budget)
@@ -211,9 +235,13 @@ class VllmReplay:
             for turn, n in scheduled:
                 table = self.api.block_table(self.manager, turn.request.request_id)
                 items.append(StepItem(table, turn.request.num_computed_tokens, n,
-                                      turn.fingerprints, turn.reads, turn.stats))
+                                      turn.fingerprints, turn.reads, turn.stats, turn.tenant))
                 self.invariants.wrote(table, turn.request.num_computed_tokens, n, turn.label)
             self.shadow.step(items, self.num_steps)
+            for turn, _ in scheduled:  # a cache hit on blocks another cache_salt wrote is a leak
+                if turn.hit_blocks:
+                    self.cross_tenant_hits += self.shadow.cross_tenant(turn.hit_blocks, turn.tenant)
+                    turn.hit_blocks = []
         finished = []
         for turn, n in scheduled:
             req = turn.request
@@ -244,13 +272,19 @@ class VllmReplay:
 
 
 def replay_vllm(trace: Trace, *, api: VllmApi | None = None, check: bool = True,
-                cache_after_compute: bool = False) -> ReplayResult:
+                cache_after_compute: bool = False, epilogue: bool = False) -> ReplayResult:
     """The trace through the installed vLLM's KVCacheManager; rows target "vllm-<version>",
-    allocator "vllm"."""
+    allocator "vllm". `epilogue`: then the isolation and reset checks of epilogue.py, on the
+    same manager (stats["epilogue"])."""
     api = api or load()
     engine = VllmReplay(trace, api, check=check, cache_after_compute=cache_after_compute)
     t0 = time.perf_counter()
     turns = drive(trace, engine)
+    after = None
+    if epilogue and check:
+        from kvdiag.runners.replay.epilogue import run_epilogue
+
+        after = run_epilogue(engine, trace)
     seconds = time.perf_counter() - t0
     s = engine.cache_stats
     stats = {"vllm_version": api.version, "prefix_cache_requests": s.requests,
@@ -263,5 +297,9 @@ def replay_vllm(trace: Trace, *, api: VllmApi | None = None, check: bool = True,
         violations, total = engine.invariants.messages, engine.invariants.count
     stats["invariant_violations"] = total
     stats["recycled_blocks"] = engine.shadow.recycled_blocks if engine.shadow is not None else 0
+    stats["cross_tenant_hits"] = engine.cross_tenant_hits
+    stats["prompt_logprob_hits"] = engine.prompt_logprob_hits
+    if after is not None:
+        stats["epilogue"] = after
     return ReplayResult(api.label, ALLOCATOR, records(trace, turns, target=api.label, allocator=ALLOCATOR),
                         engine.num_steps, seconds, turns, stats, violations)

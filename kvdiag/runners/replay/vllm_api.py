@@ -24,6 +24,7 @@ What differs between the two (read from their sources):
 from __future__ import annotations
 
 import inspect
+import zlib
 from dataclasses import dataclass
 
 from kvdiag.errors import KvdiagError
@@ -43,7 +44,7 @@ _REQUIRED = {
     "KVCacheManager.get_block_ids": ("request_id",),
     "KVCacheManager.make_prefix_cache_stats": (),
     "Request.__init__": ("request_id", "prompt_token_ids", "sampling_params", "pooling_params",
-                         "cache_salt", "block_hasher"),
+                         "cache_salt", "block_hasher", "lora_request"),
     "BlockPool._maybe_evict_cached_block": ("block",),
     "BlockPool.free_blocks": ("ordered_blocks",),
     "BlockPool.get_new_blocks": ("num_blocks",),
@@ -159,11 +160,26 @@ class VllmApi:
         return self.KVCacheManager(config, **kwargs)
 
     def make_request(self, request_id: str, prompt_ids: list[int], max_tokens: int,
-                     block_size: int, cache_salt: str | None = None):
+                     block_size: int, cache_salt: str | None = None, lora: str | None = None,
+                     prompt_logprobs: bool = False):
+        """A vLLM Request; `lora` names an adapter (a LoRARequest: no weights are needed, only
+        its name and path enter the block hash), `prompt_logprobs` asks for them."""
+        params = self.SamplingParams(max_tokens=max_tokens,
+                                     prompt_logprobs=1 if prompt_logprobs else None)
+        adapter = None
+        if lora:
+            from vllm.lora.request import LoRARequest
+
+            adapter = LoRARequest(lora, zlib.crc32(lora.encode()) % 10**6 + 1,
+                                  f"/kvdiag/adapters/{lora}")
         return self.Request(request_id=request_id, prompt_token_ids=list(prompt_ids),
-                            sampling_params=self.SamplingParams(max_tokens=max_tokens),
-                            pooling_params=None, cache_salt=cache_salt,
+                            sampling_params=params, pooling_params=None, cache_salt=cache_salt,
+                            lora_request=adapter,
                             block_hasher=self._hasher_factory(block_size, self._sha256))
+
+    def block_ids(self, blocks) -> list[int]:
+        """The ids of a lookup's cached blocks (KVCacheBlocks, first group)."""
+        return list(blocks.get_block_ids()[0]) if blocks is not None else []
 
     # --- the calls vLLM's scheduler makes ------------------------------------------------
     def lookup(self, manager, request):

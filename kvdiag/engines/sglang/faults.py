@@ -1,0 +1,61 @@
+"""The faults kvdiag can plant into a real SGLang's radix cache (by
+kvdiag.engines.sglang.plugin), by name, each tied to the real report it re-creates.
+
+Data only, no SGLang import: the launcher checks a name, and sets the environment a fault
+needs, before it starts anything. `server_env(name)` is that environment: `stale-node` lives
+in SGLang's pure-Python TreeCore, which SGLang 0.5.23 selects with
+SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python (its default, "rust", keeps the tree in
+compiled code that no Python patch reaches). The plugin sets it too, so a planted server
+started by hand works the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvdiag.errors import KvdiagError
+
+FAULT_ENV = "KVDIAG_SGLANG_FAULT"  # names the fault the plugin plants; unset or empty: inert
+TREE_CORE_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"  # SGLang's own switch: rust | python
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    summary: str  # one line: what the planted SGLang does wrong
+    plant_point: str  # file:function in sglang 0.5.23
+    report: str  # the real report it re-creates
+    server_env: dict[str, str] = field(default_factory=dict)  # what SGLang must run with
+
+
+FAULTS: dict[str, Fault] = {f.name: f for f in (
+    Fault(
+        "stale-node",
+        "an eviction returns live tree nodes' KV pages to the allocator and the nodes keep "
+        "pointing at them, so their prefixes, matched again, read another request's K/V",
+        "sglang/srt/mem_cache/unified_cache/components/full.py:FullComponent.evict_component",
+        "SGLang #38319 / PR #38355 (a radix node kept KV pages freed by retract/abort and "
+        "handed out again; impossible first tokens until /flush_cache)",
+        {TREE_CORE_ENV: "python"}),
+    Fault(
+        "salt-ignored",
+        "cache_salt and extra_key are left out of the radix key, so requests with different "
+        "salts share prefix pages",
+        "sglang/srt/mem_cache/radix_cache.py:RadixKey.__init__",
+        "SGLang's per-request cache_salt / extra_key namespaces (RadixKey.child_key): the "
+        "isolation this fault removes"),
+)}
+
+
+def check_fault(name: str | None) -> str | None:
+    """The fault name, or None for none; an unknown name raises KvdiagError (exit 2)."""
+    if not name:
+        return None
+    if name not in FAULTS:
+        raise KvdiagError(f"unknown SGLang fault {name!r} (known: {', '.join(FAULTS)})")
+    return name
+
+
+def server_env(name: str | None) -> dict[str, str]:
+    """The environment SGLang must start with for fault `name` to act ({} for none)."""
+    return dict(FAULTS[check_fault(name)].server_env) if name else {}

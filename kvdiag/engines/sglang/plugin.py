@@ -1,0 +1,201 @@
+"""kvdiag's SGLang hook: plants the fault that $KVDIAG_SGLANG_FAULT names into SGLang's radix
+cache, as a positive control for kvdiag's probe; inert without it.
+
+How it gets into every SGLang process: SGLang starts its scheduler and detokenizer with the
+multiprocessing "spawn" method, so each is a fresh interpreter that runs the venv's .pth
+files at start-up. `make sglang-cpu-env` installs one (kvdiag_sglang_faults.pth) that calls
+`register()` only when $KVDIAG_SGLANG_FAULT is set. register() imports no SGLang: it waits
+for `sglang.srt.plugins` to be imported and wraps its `load_plugins()`, which SGLang calls
+early in every process it starts (main, scheduler before it builds the tree cache,
+detokenizer). The plant runs there, once per process, and logs one warning line
+"kvdiag: PLANTED FAULT <name> ... (pid N)", so no one mistakes a planted server for a
+healthy one. (SGLang's own plugin entry points would reach the same processes, but SGLang
+logs and swallows a plugin's exception, and an unknown fault must stop the server: here
+plant() raises out of load_plugins() and the server does not start.)
+
+Only faults.py of kvdiag is imported: the SGLang venv holds kvdiag with --no-deps.
+Patched against sglang 0.5.23.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib.abc
+import logging
+import os
+import sys
+
+from kvdiag.engines.sglang.faults import FAULT_ENV, FAULTS, TREE_CORE_ENV
+
+log = logging.getLogger("kvdiag.sglang_plugin")
+_planted: set[str] = set()
+_armed: list[str] = []  # register() runs once per .pth copy (a venv's lib64 -> lib shows it twice)
+# a stale node's own pages (those it frees when evicted), beside the pages it reads (value)
+_OWNED = "kvdiag_owned_value"
+
+
+def register() -> None:
+    """Arm the plant for this process; called by the .pth line when $KVDIAG_SGLANG_FAULT is set."""
+    name = os.environ.get(FAULT_ENV, "").strip()
+    if not name or _armed:
+        return
+    _armed.append(name)
+    if name in FAULTS:
+        # set here, in the launching process, so the spawned scheduler inherits it
+        for key, value in FAULTS[name].server_env.items():
+            os.environ.setdefault(key, value)
+    _after_import("sglang.srt.plugins", lambda module: _wrap_load_plugins(module, name))
+
+
+def plant(name: str) -> None:
+    """Plant fault `name` in this process, once; an unknown name raises ValueError."""
+    if name in _planted:
+        return
+    if name not in FAULTS:
+        log.error("kvdiag: unknown fault %s=%r (known: %s): refusing to start",
+                  FAULT_ENV, name, ", ".join(FAULTS))
+        raise ValueError(f"kvdiag: unknown fault {FAULT_ENV}={name!r} (known: {', '.join(FAULTS)})")
+    {"stale-node": _plant_stale_node, "salt-ignored": _plant_salt_ignored}[name]()
+    _planted.add(name)
+    # a warning: shown whether or not SGLang has configured logging in this process yet
+    # (Python's last-resort handler writes it to stderr otherwise)
+    log.warning("kvdiag: PLANTED FAULT %s in this SGLang process (pid %d): %s",
+                name, os.getpid(), FAULTS[name].summary)
+
+
+def _wrap_load_plugins(module, name: str) -> None:
+    original = module.load_plugins
+
+    def load_plugins():
+        plant(name)  # outside SGLang's own try/except: an unknown name stops the process
+        return original()
+
+    module.load_plugins = load_plugins
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs `callback(module)` right after module `fullname` executes, before anyone can
+    `from fullname import ...`; then leaves sys.meta_path."""
+
+    def __init__(self, fullname: str, callback) -> None:
+        self.fullname, self.callback = fullname, callback
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.fullname:
+            return None
+        sys.meta_path.remove(self)
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find else None
+            if spec is not None and spec.loader is not None:
+                break
+        else:
+            return None
+        exec_module, callback = spec.loader.exec_module, self.callback
+
+        def exec_and_call(module):
+            exec_module(module)
+            callback(module)
+
+        spec.loader.exec_module = exec_and_call  # this module's own loader instance
+        return spec
+
+
+def _after_import(fullname: str, callback) -> None:
+    if fullname in sys.modules:
+        callback(sys.modules[fullname])
+    else:
+        sys.meta_path.insert(0, _AfterImport(fullname, callback))
+
+
+def _plant_salt_ignored() -> None:
+    """Every radix key is built without its namespaces: RadixKey.child_key then keys the tree
+    by tokens alone, so a request under a new salt matches pages cached under another."""
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    init = RadixKey.__init__
+
+    def __init__(self, token_ids, extra_key=None, is_bigram=False, limit=None, cache_salt=None):
+        init(self, token_ids, None, is_bigram, limit, None)  # FAULT: namespaces dropped
+
+    RadixKey.__init__ = __init__
+
+
+def _plant_stale_node() -> None:
+    """When the tree evicts a leaf, the pages returned to the allocator are, as many as the
+    leaf had, those of other live nodes (the most recently inserted ones no request holds),
+    and those nodes keep pointing at them: the pages are handed out again at once, and each
+    node's prefix, matched again, reads another request's K/V (SGLang #38319). Silent by
+    construction: each such node books the evicted leaf's pages as its own and frees those
+    when evicted in turn, so the pool's counts stay exact (SGLang's idle leak check, on by
+    default, still holds), no page is freed twice and nothing crashes. Only SGLang's opt-in
+    SGLANG_CHECK_KV_PAGE_INVARIANTS could see a reader's page in the free pool."""
+    import torch
+    from sglang.srt.mem_cache.unified_cache.components.base import EvictLayer
+    from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
+    from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
+
+    if os.environ.get(TREE_CORE_ENV) != "python":
+        raise ValueError(f"kvdiag: stale-node lives in SGLang's Python TreeCore; "
+                         f"{TREE_CORE_ENV}={os.environ.get(TREE_CORE_ENV)!r}, needs 'python'")
+    recent = collections.deque(maxlen=64)  # nodes that inserts created, newest last
+    add_new_node = UnifiedTreeCore._add_new_node
+    evict_component = FullComponent.evict_component
+    split = FullComponent.redistribute_on_node_split
+
+    def _add_new_node(self, *args, **kwargs):
+        node = add_new_node(self, *args, **kwargs)
+        recent.append(node)
+        return node
+
+    def may_go_stale(core, node, evicted) -> bool:
+        cd = node.component_data[FullComponent.component_type]
+        return (node is not evicted and core._node_arena.get(node.id) is node
+                and cd.value is not None and cd.lock_ref == 0 and _OWNED not in cd.metadata)
+
+    def go_stale(component, evicted, frees: list) -> None:
+        core, page = component.tree_core, component.tree_core.page_size
+        leaf = frees[-1]  # the evicted leaf's pages, queued for the allocator
+        returned, taken = [], 0
+        for node in [n for n in reversed(recent) if may_go_stale(core, n, evicted)]:
+            if len(leaf) - taken < page:
+                break
+            cd = node.component_data[component.component_type]
+            n = min(len(leaf) - taken, len(cd.value)) // page * page
+            if n == 0:
+                continue
+            # FAULT: the live node's pages go back and it keeps reading them; it books the
+            # leaf's pages as its own instead
+            returned.append(cd.value[:n])
+            cd.metadata[_OWNED] = torch.cat([leaf[taken:taken + n], cd.value[n:]])
+            taken += n
+        if taken:
+            frees[-1] = torch.cat([*returned, leaf[taken:]])
+
+    def evict_component_(self, node, device_frees, host_frees, cache_actions,
+                         target=EvictLayer.DEVICE):
+        cd = node.component_data[self.component_type]
+        if EvictLayer.DEVICE not in target or cd.value is None:
+            return evict_component(self, node, device_frees, host_frees, cache_actions, target)
+        owned = cd.metadata.pop(_OWNED, None)
+        if owned is not None:  # a stale node frees the pages it owns, not those it reads
+            read, cd.value = cd.value, owned
+            try:
+                return evict_component(self, node, device_frees, host_frees, cache_actions, target)
+            finally:
+                cd.value = read
+        result = evict_component(self, node, device_frees, host_frees, cache_actions, target)
+        go_stale(self, node, device_frees[self.component_type])
+        return result
+
+    def redistribute_on_node_split(self, new_parent, child):
+        owned = child.component_data[self.component_type].metadata.pop(_OWNED, None)
+        split(self, new_parent, child)
+        if owned is not None:  # split the owned pages where the value was split
+            k = len(new_parent.key)
+            new_parent.component_data[self.component_type].metadata[_OWNED] = owned[:k].clone()
+            child.component_data[self.component_type].metadata[_OWNED] = owned[k:].clone()
+
+    UnifiedTreeCore._add_new_node = _add_new_node
+    FullComponent.evict_component = evict_component_
+    FullComponent.redistribute_on_node_split = redistribute_on_node_split
