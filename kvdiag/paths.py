@@ -18,3 +18,12 @@ CANARY = BUNDLED / "canary"
 # nothing that an installed kvdiag needs may live only here.
 REPO_ROOT = PACKAGE.parent
 REPORTS = Path("reports")  # relative to where kvdiag runs
+
+
+def cache_root() -> Path:
+    """$XDG_CACHE_HOME/kvdiag (default ~/.cache/kvdiag): what kvdiag builds once and keeps
+    (the contiguous reference's turns, imported models, the canary's LoRA adapter)."""
+    import os
+
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "kvdiag"

@@ -8,15 +8,16 @@ so every target and allocator sees exactly the same prompts, and the trigger's l
 Two options make the traffic reach fault classes the trigger alone does not (the probe and
 the model-free audit use both; reproduce's cases keep their prompts as they are):
 
-    spread    each session's copy of the shared system prompt is cut a few words short, so
-              that sessions diverge from one another at every slot offset of a block, the
-              last slot first, not only at block starts: a block hash that leaves part of
-              the block out then makes two different blocks collide
+    spread    the shared system prompt states shared facts, and each session's copy is cut
+              just before one fact's key, so that sessions diverge from one another at every
+              slot offset of a block, the last slot first, not only at block starts; and
+              each session asks about the facts where shorter copies part from it. A block
+              hash that leaves part of the block out then makes two blocks collide, and the
+              longer copy reads the shorter one's end marker where its fact's key was:
 
-                  block:      | 0 1 2 ... 29 30 31 |
-                  session 0:  | w w w ...  w  w  w | w w ...   (the whole prompt)
-                  session 1:  | w w w ...  w  w  E | ...       diverges at offset 31
-                  session 2:  | w w w ...  w  E  . | ...       diverges at offset 30 ...
+                  block:       | 0 1 2 ... 29 30 31 |
+                  session 0:   | f f f ...  f  f  E | ...          cut at offset 31
+                  session 15:  | f f f ...  f  f  K | v v . f ...  the whole prompt; asked K
 
     adapter   rounds alternate between the base model and a LoRA adapter (model_for):
               every round reads a history the other model computed, which a block hash
@@ -70,26 +71,74 @@ def system_prompt(style: str, tokenizer, tokens: int, seed: int) -> str | None:
     return " ".join(words)
 
 
-def spread_systems(system: str | None, sessions: int, tokenizer, block_size: int) -> list[str | None]:
-    """Each session's cut of the shared system prompt (see the module docstring): session 0
-    keeps it whole; session s >= 1 ends it where it diverges from the whole one at offset
-    block_size - 1 - (s - 1) * block_size // (sessions - 1) of a block (the nearest offset
-    a cut at a word reaches, for tokenizers whose words span several tokens)."""
-    if not system or sessions < 2:
-        return [system] * sessions
-    words = system.split(" ")
-    whole = tokenizer.encode_chat([{"role": "system", "content": system}])
-    at = {}  # offset within a block -> the longest cut (in words) that diverges there
-    for m in range(len(words) - 1, max(0, len(words) - 3 * block_size) - 1, -1):
-        ids = tokenizer.encode_chat([{"role": "system", "content": " ".join(words[:m])}])
-        i = next((j for j, (a, b) in enumerate(zip(ids, whole)) if a != b), min(len(ids), len(whole)))
-        at.setdefault(i % block_size, m)
-    cuts = [len(words)]
-    for s in range(1, sessions):
-        want = block_size - 1 - (s - 1) * block_size // (sessions - 1)
-        near = min(at, key=lambda o: ((o - want) % block_size, -o)) if at else None
-        cuts.append(at.get(want, at.get(near, len(words))))
-    return [" ".join(words[:m]) for m in cuts]
+@dataclass(frozen=True)
+class Spread:
+    """The shared system prompt as facts, and each session's cut of it (kvdiag.plan's module
+    docstring): `systems[s]` its text, `facts[s]` the facts it states, `ask[s]` the facts
+    where shorter cuts part from it (asked first: a block shared up to a cut whose hash
+    leaves the cut's slot out serves the shorter session's end marker there)."""
+
+    systems: list[str]
+    facts: list[tuple]
+    ask: list[tuple]
+
+
+def spread_system(style: str, tokenizer, tokens: int, seed: int, flavour: str, sessions: int,
+                  block_size: int) -> Spread | None:
+    """A system prompt of about `tokens` tokens of shared facts (filler between them), cut
+    for each session just before a fact's key, at block offsets block_size - 1, - 2, ...
+    first, then spread over the block; the longest cut is the whole text, the shorter cuts
+    go to the earlier sessions (sent first, so they write the blocks where prompts part)."""
+    from kvdiag.facts.knowledge import FLAVOURS, make_knowledge_base
+
+    if tokens <= 0 or sessions < 2:
+        return None
+    rend, rng = renderer(style), random.Random(f"system-facts:{seed}")
+    kb = make_knowledge_base(flavour if flavour in FLAVOURS else FLAVOURS[0], 40, -1 - seed)
+    words, keys = [], []  # keys: (word index of a fact's key, fact)
+
+    def count(ws: list[str]) -> int:
+        return len(tokenizer.encode_chat([{"role": "system", "content": " ".join(ws)}]))
+
+    start = _content_start(tokenizer, rend.filler(random.Random(0), 2, []))  # canary: a word is
+    # a token, so keys land exactly
+    for n, fact in enumerate(kb.facts):
+        gap = rng.randint(2, 5)
+        if style == "canary":  # key n >= 1 (a cut before it) at offset block_size - n of its block
+            gap = (block_size - n % block_size - start - len(words)) % block_size
+            gap += block_size if gap < 2 else 0
+        more = rend.filler(rng, gap, words) + rend.fact(fact)
+        if count(words + more) > tokens:
+            break
+        keys.append((len(words) + len(more) - len(rend.fact(fact)), fact))
+        words += more
+    if len(keys) < 2:
+        return None
+    whole = tokenizer.encode_chat([{"role": "system", "content": " ".join(words)}])
+    at: dict[int, list] = {}  # block offset -> cuts (word index, fact) diverging there
+    for i, fact in keys[1:]:
+        ids = tokenizer.encode_chat([{"role": "system", "content": " ".join(words[:i])}])
+        d = next((j for j, (a, b) in enumerate(zip(ids, whole)) if a != b), len(ids))
+        at.setdefault(d % block_size, []).append((i, fact))
+    order = [block_size - 1 - n for n in range(block_size)]
+    chosen = [max(at[o]) for o in order if o in at][:sessions - 1]  # the latest key per offset
+    priority = {cut: n for n, cut in enumerate(chosen)}
+    chosen.sort()
+    cuts = chosen + [(len(words), None)] * (sessions - len(chosen))
+    spread = Spread([], [], [])
+    for n, (end, _) in enumerate(cuts):
+        spread.systems.append(" ".join(words[:end]))
+        spread.facts.append(tuple(f for i, f in keys if i < end))
+        shorter = sorted(chosen[:n] if n < len(chosen) else chosen, key=priority.get)
+        spread.ask.append(tuple(f for _, f in shorter))
+    return spread
+
+
+def _content_start(tokenizer, two_words: list[str]) -> int:
+    """The index of the first token of a system message's content (where two one-word
+    contents part)."""
+    a, b = (tokenizer.encode_chat([{"role": "system", "content": w}]) for w in two_words)
+    return next((i for i, (p, q) in enumerate(zip(a, b)) if p != q), 0)
 
 
 def plan_case(suite: Suite, case: Case, tokenizer, block_size: int | None = None, *,
@@ -102,9 +151,9 @@ def plan_case(suite: Suite, case: Case, tokenizer, block_size: int | None = None
     tokenizer = PieceEncoder.wrap(tokenizer)
     seed = case.seed if case.seed is not None else suite.seed
     style = case.style or suite.style
-    system = system_prompt(style, tokenizer, case.shared_prefix, seed)
-    systems = (spread_systems(system, case.sessions, tokenizer, suite.block_size) if spread
-               else [system] * case.sessions)
+    shared = spread_system(style, tokenizer, case.shared_prefix, seed, suite.flavours[0],
+                           case.sessions, suite.block_size) if spread else None
+    system = None if shared else system_prompt(style, tokenizer, case.shared_prefix, seed)
 
     def count_tokens(messages: list[dict]) -> int:
         return len(tokenizer.encode_chat(messages))
@@ -116,6 +165,10 @@ def plan_case(suite: Suite, case: Case, tokenizer, block_size: int | None = None
     for s in range(case.sessions):
         flavour = suite.flavours[s % len(suite.flavours)]
         kb = make_knowledge_base(flavour, suite.facts_per_session, seed * 1000 + s)
+        if shared:  # a key the system prompt states names its fact, not one of the session's
+            taken = {f.key_token for f in shared.facts[-1]} | {(f.entity, f.relation) for f in shared.facts[-1]}
+            kb = dataclasses.replace(kb, facts=tuple(f for f in kb.facts if f.key_token not in taken
+                                                     and (f.entity, f.relation) not in taken))
         planner = LengthPlanner(case.condition, s, seed=seed, block_size=suite.block_size,
                                 boundary=case.boundary, start_range=case.start_range,
                                 min_turn=case.min_turn)
@@ -123,7 +176,9 @@ def plan_case(suite: Suite, case: Case, tokenizer, block_size: int | None = None
             session = build_session(SessionPlan(
                 kb, style=style, seed=seed, planner=planner, num_rounds=case.rounds,
                 answer_tokens=answer_tokens, count_tokens=count_tokens, session_id=f"s{s:02d}",
-                recite_every=case.recite_every, system=systems[s], block_size=suite.block_size,
+                recite_every=case.recite_every, block_size=suite.block_size,
+                system=shared.systems[s] if shared else system,
+                system_facts=shared.facts[s] if shared else (), ask_system=shared.ask[s] if shared else (),
                 new_facts=case.new_facts, ask_recent=case.ask_recent, ask_new=case.ask_new))
         except ValueError as e:
             raise SuiteError(f"{suite.path}: case {case.name}: session {s}: {e}") from None

@@ -23,7 +23,7 @@ from kvdiag.errors import KvdiagError
 from kvdiag.paths import REPORTS
 
 PARTIAL = ".partial"
-KEEP_OUT = ("probe.json", "vllm.log")  # what a run planned or its server said, not what it measured
+KEEP_OUT = ("probe.json", "vllm.log", "sglang.log")  # what a run planned or its server said
 # Test hook, for the SIGKILL tests only: "POINT:FILE" makes pause(POINT) create FILE and
 # sleep, so a test can kill the process exactly there (points: summary, report, commit).
 PAUSE_ENV = "KVDIAG_TEST_PAUSE"

@@ -142,7 +142,7 @@ class ProbeSummary(Summary):
              "corrupted_requests", "numerics_requests", "noise_floor", "isolation",
              "server_prefix_cache", "server", "recycling", "first_divergences",
              "inconclusive_reason", "ground_truth", "divergence_by_request", "traffic",
-             "target_spec")
+             "prompt_logprobs", "target_spec")
     OMIT_NONE = frozenset({"first_divergences", "inconclusive_reason", "target_spec"})
     kind: Literal["probe"] = "probe"
     cases: list[str]
@@ -167,6 +167,9 @@ class ProbeSummary(Summary):
     traffic: dict[str, Any] = Field(
         default_factory=dict, description="what the shared traffic held: spread offsets, twins, "
         "an adapter (kvdiag.plan)")
+    prompt_logprobs: dict[str, Any] = Field(
+        default_factory=dict, description="twins' prompt logprobs checked against their isolated "
+        "rounds': checked, mismatched, rounds")
     target_spec: str | None = None
 
 

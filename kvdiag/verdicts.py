@@ -275,18 +275,30 @@ def judge_series(findings: list[str], recycled: bool, name: str) -> Judgement:
 # --- live servers ---------------------------------------------------------------------------
 def judge_probe(*, corrupted: int, rounds: list[int], recycling_observed: bool,
                 recycling_how: str, contaminated: int, isolated: int, isolation: str,
-                pool: str) -> Judgement:
-    """A live probe. `contaminated`: isolated requests (or first requests after a reset) that
-    reported cached tokens: then the ground truth is unsound and nothing is judged."""
+                pool: str, logprob_mismatches: int = 0, logprob_rounds: list[int] = ()) -> Judgement:
+    """A live probe. fail: a shared answer decisively departed from its isolated twin (whatever
+    else: a healthy cache gives two runs of one prompt the same greedy answer), or prompt
+    logprobs did; error: no such departure, but isolated requests (or first requests after a
+    reset) reported cached tokens (`contaminated`): the ground truth is unsound, so no pass
+    can be claimed; inconclusive: no recycling observed; pass otherwise.
+    `logprob_mismatches`: requests whose prompt logprobs departed from their isolated twin's
+    (positions served from the cache whose logprobs were never computed)."""
+    if corrupted:  # two runs of one prompt that decisively disagree: whichever side the
+        # cache served wrong, a healthy cache gives neither (even with the ground truth hit)
+        also = (f"; and {contaminated} of {isolated} isolated requests hit the cache"
+                if contaminated else "")
+        return Judgement(Verdict.FAIL, f"{corrupted} request{'s' * (corrupted != 1)} answered from "
+                         "the shared prefix cache departed from the cache-isolated run beyond the "
+                         f"noise floor (rounds {', '.join(map(str, rounds))}){also}")
+    if logprob_mismatches:
+        return Judgement(Verdict.FAIL, f"{logprob_mismatches} request{'s' * (logprob_mismatches != 1)}"
+                         "' prompt logprobs departed from the cache-isolated run's (rounds "
+                         f"{', '.join(map(str, logprob_rounds))}): positions served from the cache")
     if contaminated:
         via = "a fresh cache_salt" if isolation == "cache_salt" else "an emptied prefix cache"
         return Judgement(Verdict.ERROR, f"ground truth contaminated: {contaminated} of {isolated} "
                          f"isolated requests hit the cache despite {via}, so no answer can be "
                          "judged against them")
-    if corrupted:
-        return Judgement(Verdict.FAIL, f"{corrupted} request{'s' * (corrupted != 1)} answered from "
-                         "the shared prefix cache departed from the cache-isolated run beyond the "
-                         f"noise floor (rounds {', '.join(map(str, rounds))})")
     if not recycling_observed:
         return Judgement(Verdict.INCONCLUSIVE, f"trigger not reached: no recycling observed "
                          f"({recycling_how}; server pool {pool})")
@@ -367,6 +379,15 @@ def judge_fleet(cells: Iterable[Verdict]) -> Judgement:
     return Judgement(verdict, f"{len(cells)} cell(s): {counts or 'none'}")
 
 
+def expected_detection(live: str | None, path: str) -> Verdict:
+    """The verdict a detection-matrix row must give: pass for the healthy engine (`live`
+    None), else the verdict of a run that catches the fault: fail, but error for a fault run
+    live by the probe's reset fallback (its ground truth is what the fault breaks)."""
+    if live is None:
+        return Verdict.PASS
+    return Verdict.ERROR if path == "live" and live == "probe-reset" else Verdict.FAIL
+
+
 def judge_matrix(rows: Iterable[tuple[str, Verdict, Verdict]]) -> Judgement:
     """The detection matrix: (fault, verdict measured, verdict expected) per row. Healthy must
     pass (no false positive) and every fault must give its expected verdict. fail when a row
@@ -380,8 +401,9 @@ def judge_matrix(rows: Iterable[tuple[str, Verdict, Verdict]]) -> Judgement:
         return Judgement(Verdict.FAIL, f"not detected as expected: {', '.join(missed)}")
     if unreached:
         return Judgement(Verdict.INCONCLUSIVE, f"proved nothing for: {', '.join(unreached)}")
-    return Judgement(Verdict.PASS, f"healthy passed and all {len(rows) - 1} planted faults were "
-                     "caught as expected" if len(rows) > 1 else "healthy passed")
+    faults = {name.split("/")[0] for name, _, want in rows if want is not Verdict.PASS}
+    return Judgement(Verdict.PASS, f"healthy passed and all {len(faults)} planted faults were "
+                     f"caught as expected ({len(rows)} rows)" if faults else "healthy passed")
 
 
 def judge_unmeasured(reason: str) -> Judgement:

@@ -156,6 +156,26 @@ def build_lora(canary_dir: Path, out_dir: Path, name: str = "canary-lora") -> Pa
     return path
 
 
+def ensure_lora(canary_dir: Path, name: str = "canary-lora") -> Path:
+    """The adapter for this canary in the user cache ($XDG_CACHE_HOME/kvdiag/adapters/,
+    keyed by the canary's digest), built there first if absent (0.2 s); never committed."""
+    from kvdiag.paths import cache_root
+    from reference_engine.loader import model_hash
+
+    where = cache_root() / "adapters" / f"{name}-{model_hash(canary_dir)}"
+    path = where / name
+    if not all((path / f).is_file() for f in ADAPTER_FILES):
+        tmp = where.with_name(where.name + ".tmp")
+        build_lora(canary_dir, tmp, name)
+        tmp.mkdir(parents=True, exist_ok=True)
+        where.parent.mkdir(parents=True, exist_ok=True)
+        import shutil
+
+        shutil.rmtree(where, ignore_errors=True)
+        tmp.rename(where)
+    return path
+
+
 def lora_deltas(adapter_dir: Path) -> dict:
     """{HF weight name: float32 [out, in]} = (lora_alpha / r) * B @ A, to add to the base
     weights (a merged model, for checks in HF transformers without peft)."""

@@ -7,6 +7,7 @@ import typer
 
 from kvdiag.cli import (
     audit,
+    detect,
     export,
     fixtures,
     fleet,
@@ -58,6 +59,7 @@ app.command("serve")(serve.serve)
 app.command("probe")(probe.probe)
 app.command("audit-vllm")(audit.audit_vllm)
 app.command("isolation")(isolation.isolation)
+app.command("detect")(detect.detect)
 app.command("regress")(regress.regress)
 app.add_typer(regress.baseline_app, name="baseline")
 app.command("history")(regress.history)

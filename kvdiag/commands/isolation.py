@@ -30,7 +30,7 @@ def audit_target(base_url: str | None, target: str | None, model: str | None,
     canary). `options`: as audit_isolation takes them."""
     import tempfile
 
-    from kvdiag.engines.local import live
+    from kvdiag.engines.local import adapter_dirs, live
     from kvdiag.errors import KvdiagError
     from kvdiag.paths import CANARY
     from kvdiag.rundir import check_writable
@@ -50,8 +50,10 @@ def audit_target(base_url: str | None, target: str | None, model: str | None,
         raise KvdiagError(f"--model {model_dir}: not a model directory")
     logs = Path(tempfile.mkdtemp(prefix="kvdiag-isolation-"))
     info(f"starting {spec.spec} (log in {logs}) ...")
-    adapters = ("--lora-modules", plan.adapter) if plan.adapter else ()
-    with live(spec, None, None, model_dir, logs, serve_reference=True, serve_args=adapters) as served:
+    names = ("--lora-modules", plan.adapter) if plan.adapter else ()  # kvdiag serve: names only
+    served_adapters = adapter_dirs(plan.adapter, model_dir) if spec.is_local else None
+    with live(spec, None, None, model_dir, logs, serve_reference=True, serve_args=names,
+              adapters=served_adapters) as served:
         return audit_isolation(served.url, served.model, api_key, plan,
                                model_label=served.model_label, **options)
 

@@ -30,7 +30,9 @@ def judge(run: ProbeRun) -> Judgement:
         recycling_observed=run.recycling["observed"], recycling_how=run.recycling["how"],
         contaminated=run.ground_truth["contaminated"], isolated=run.ground_truth["isolated"],
         isolation="cache_salt" if run.salted else "reset_prefix_cache",
-        pool=f"{pool} of {run.server.block_size} tokens, {len(run.pressure)} pressure sessions")
+        pool=f"{pool} of {run.server.block_size} tokens, {len(run.pressure)} pressure sessions",
+        logprob_mismatches=run.prompt_logprobs.get("mismatched", 0),
+        logprob_rounds=run.prompt_logprobs.get("rounds", []))
 
 
 def summary_fields(run: ProbeRun, suite: Suite, verdict: Judgement, *, model_label: str | None = None,
@@ -58,7 +60,7 @@ def summary_fields(run: ProbeRun, suite: Suite, verdict: Judgement, *, model_lab
         "recycling": run.recycling, "first_divergences": run.first_divergences or None,
         "inconclusive_reason": verdict.reason if verdict.verdict is Verdict.INCONCLUSIVE else None,
         "ground_truth": run.ground_truth, "divergence_by_request": run.by_request,
-        "traffic": run.traffic,
+        "traffic": run.traffic, "prompt_logprobs": run.prompt_logprobs,
         "target_spec": target_spec}
 
 
@@ -78,7 +80,8 @@ def probe(suite: str, case: str | None = None, style: str | None = None, *,
     loaded, (chosen,) = load_cases(suite, case, style, one=True)
     spec = endpoint_target(base_url, target, model)
     run = RunDir.resume(resume) if resume is not None else RunDir.begin(out_dir, f"probe-{loaded.name}")
-    with (run, running(spec, loaded, chosen, model, run.path, info) as served,
+    adapter = getattr(settings, "adapter", None)
+    with (run, running(spec, loaded, chosen, model, run.path, info, adapter) as served,
           progress(f"planning with {served.url}'s tokenizer") as update):
         measured = run_probe(served.url, served.model, loaded, chosen, run.path, api_key=api_key,
                              settings=settings, resume=resume is not None, warn=warn,

@@ -43,19 +43,37 @@ def launcher(engine: str):
     return SglangLocal
 
 
+def adapter_dirs(adapter: str | None, model_dir: Path) -> dict[str, Path]:
+    """The LoRA adapters a local engine serves for a run that names `adapter`: kvdiag builds
+    one, for the canary only (`canary-lora`, kvdiag.canary.lora); KvdiagError otherwise."""
+    if adapter is None:
+        return {}
+    from kvdiag.canary.lora import ensure_lora
+    from kvdiag.paths import CANARY
+    from reference_engine.loader import model_hash
+
+    if adapter != "canary-lora" or model_hash(model_dir) != model_hash(CANARY):
+        raise KvdiagError(f"--adapter {adapter}: a server kvdiag starts itself serves one adapter, "
+                          "canary-lora, on the canary; start the server yourself for others")
+    return {adapter: ensure_lora(model_dir)}
+
+
 @contextmanager
 def running(target: Target, suite, case, model: str | None, log_dir: Path,
-            info: Callable[[str], None] = lambda _: None) -> Iterator[Served]:
+            info: Callable[[str], None] = lambda _: None, adapter: str | None = None
+            ) -> Iterator[Served]:
     """The target while the run talks to it: a local engine is started on `model` (a
-    directory; default: the suite's, else the canary), its log in log_dir, and stopped on
-    exit; a URL target serves `model`."""
+    directory; default: the suite's, else the canary), serving `adapter` too, its log in
+    log_dir, and stopped on exit; a URL target serves `model`."""
     if not target.is_local:
         yield Served(target, target.url, model)
         return
     from kvdiag.paths import CANARY
 
+    model_dir = Path(model or suite.model or CANARY)
+    adapters = adapter_dirs(adapter, model_dir)
     info(f"starting {target.spec} (log: {Path(log_dir) / LOGS[target.engine]}) ...")
-    with live(target, suite, case, Path(model or suite.model or CANARY), log_dir) as served:
+    with live(target, suite, case, model_dir, log_dir, adapters=adapters) as served:
         yield served
 
 
@@ -83,7 +101,8 @@ def sizes(engine: str, suite, case, model_dir: Path) -> dict:
 
 @contextmanager
 def live(target: Target, suite, case, model_dir: Path, log_dir: Path,
-         serve_reference: bool = False, serve_args: tuple[str, ...] = ()) -> Iterator[Served]:
+         serve_reference: bool = False, serve_args: tuple[str, ...] = (),
+         adapters: dict[str, Path] | None = None) -> Iterator[Served]:
     """Start a local engine's server (log kept in log_dir; its pool sized from `suite` and
     `case`, or the engine's default without them). With `serve_reference`, a
     reference:ALLOCATOR target is served the same way by `kvdiag serve` (for runs that only
@@ -102,6 +121,8 @@ def live(target: Target, suite, case, model_dir: Path, log_dir: Path,
         yield Served(target, target.url, None)
         return
     kw = sizes(target.engine, suite, case, model_dir) if suite is not None else {}
+    if adapters:
+        kw["adapters"] = adapters
     Path(log_dir).mkdir(parents=True, exist_ok=True)
     cls = launcher(target.engine)
     with cls(model_dir, fault=target.fault, log_path=Path(log_dir) / LOGS[target.engine], **kw) as server:

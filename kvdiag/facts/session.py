@@ -85,9 +85,14 @@ class SessionPlan:
     new_facts: Sequence[int] = (0, 0, 1, 2)  # new facts per round after the first, drawn
     ask_recent: float = 0.7  # chance a question picks a fact of the last two rounds
     ask_new: float = 0.3  # chance a question asks about a fact stated in its own round
+    system_facts: tuple[Fact, ...] = ()  # facts the system prompt states (known from round 0)
+    ask_system: tuple[Fact, ...] = ()  # of those, asked about first, one every ask_system_every
+    ask_system_every: int = 2  # rounds (kvdiag.plan: the facts where sessions' prompts part)
 
     def session(self, rounds) -> Session:
-        return Session(self.session_id, self.style, self.kb, tuple(rounds), self.system)
+        kb = (KnowledgeBase(self.kb.flavour, self.kb.facts + self.system_facts)
+              if self.system_facts else self.kb)
+        return Session(self.session_id, self.style, kb, tuple(rounds), self.system)
 
 
 @dataclass
@@ -118,7 +123,7 @@ def build_session(plan: SessionPlan) -> Session:
     if not lengths:
         raise ValueError("prompt_lengths is empty: a session needs at least one round")
     st = _State(renderer(plan.style), random.Random(f"session:{plan.style}:{plan.session_id}:{plan.seed}"),
-                list(plan.kb.facts))
+                list(plan.kb.facts), stated_round={f: -1 for f in plan.system_facts})
     st.rng.shuffle(st.unstated)
     rounds: list[Round] = []
     for r, target in enumerate(lengths):
@@ -190,6 +195,11 @@ def _choose_request(plan: SessionPlan, st: _State, r: int, nxt: int | None, part
         lines = [(rr, ln) for rr, ln in st.lines if ln.span not in st.recited]
         lines.sort(key=lambda x: -x[0] + st.rng.random() * 2)  # recent first, a little shuffled
         cands += [(list(ln.request), " ".join(ln.span), "recite", ()) for _, ln in lines]
+    if plan.ask_system and r > 0 and r % plan.ask_system_every == 0 and not cands:
+        first = next((f for f in plan.ask_system if f not in st.asked), None)
+        if first is not None:
+            words, expected = rend.question(first)
+            cands.append((words, expected, "question", (first,)))
     stated = [f for f in st.stated_round if f not in st.asked]
     recent = [f for f in stated if st.stated_round[f] >= r - 2]
     pool = recent if recent and st.rng.random() < plan.ask_recent else stated

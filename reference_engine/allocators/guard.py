@@ -35,7 +35,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from reference_engine.allocators import register
 from reference_engine.allocators.base import (
     AllocateResult,
     BlockAllocator,
@@ -153,7 +152,6 @@ class SequenceGuard(BlockAllocator):
                 )
 
 
-@register("guarded")
 def guarded(num_blocks: int, block_size: int, enable_caching: bool = True) -> SequenceGuard:
     """SequenceGuard around the stale-hash allocator: the fault is there, the guard stops it."""
     return SequenceGuard(StaleHashAllocator(num_blocks, block_size, enable_caching), name="guarded")

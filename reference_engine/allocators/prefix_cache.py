@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from reference_engine.allocators import register
 from reference_engine.allocators.base import (
     AllocateResult,
     MatchResult,
@@ -40,7 +39,6 @@ class Block:
     generation: int = 0  # times handed out for new K/V (the vocabulary's generation)
 
 
-@register("prefix-cache")
 class PrefixCacheAllocator(PrefixCachingAllocator):
     name = "prefix-cache"
 

@@ -158,7 +158,7 @@ def test_a_series_under_test():
 
 @pytest.mark.parametrize("contaminated,corrupted,observed,want", [
     (0, 0, True, Verdict.PASS), (0, 3, True, Verdict.FAIL), (0, 0, False, Verdict.INCONCLUSIVE),
-    (2, 0, True, Verdict.ERROR), (2, 3, True, Verdict.ERROR)])
+    (2, 0, True, Verdict.ERROR), (2, 3, True, Verdict.FAIL)])
 def test_the_probe_checks_its_ground_truth(contaminated, corrupted, observed, want):
     judged = judge_probe(corrupted=corrupted, rounds=[4] if corrupted else [],
                          recycling_observed=observed, recycling_how="cached fractions fell",

@@ -11,39 +11,34 @@ started by hand works the same.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
+from kvdiag.engines.fault import BREAKS_GROUND_TRUTH, BREAKS_ISOLATION, CORRUPTS_OUTPUT, Fault
 from kvdiag.errors import KvdiagError
 
 FAULT_ENV = "KVDIAG_SGLANG_FAULT"  # names the fault the plugin plants; unset or empty: inert
 TREE_CORE_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"  # SGLang's own switch: rust | python
 
 
-@dataclass(frozen=True)
-class Fault:
-    name: str
-    summary: str  # one line: what the planted SGLang does wrong
-    plant_point: str  # file:function in sglang 0.5.23
-    report: str  # the real report it re-creates
-    server_env: dict[str, str] = field(default_factory=dict)  # what SGLang must run with
-
-
 FAULTS: dict[str, Fault] = {f.name: f for f in (
     Fault(
-        "stale-node",
+        "stale-node", "stale tree node (use-after-free)",
         "an eviction returns live tree nodes' KV pages to the allocator and the nodes keep "
         "pointing at them, so their prefixes, matched again, read another request's K/V",
         "sglang/srt/mem_cache/unified_cache/components/full.py:FullComponent.evict_component",
-        "SGLang #38319 / PR #38355 (a radix node kept KV pages freed by retract/abort and "
-        "handed out again; impossible first tokens until /flush_cache)",
-        {TREE_CORE_ENV: "python"}),
+        ("SGLang #38319 / PR #38355 (a radix node kept KV pages freed by retract/abort and "
+         "handed out again; impossible first tokens until /flush_cache)",),
+        (CORRUPTS_OUTPUT,),
+        "pool pressure that evicts tree nodes while their prefixes are matched again",
+        live="probe", server_env={TREE_CORE_ENV: "python"}),
     Fault(
-        "salt-ignored",
+        "salt-ignored", "isolation: extra key dropped",
         "cache_salt and extra_key are left out of the radix key, so requests with different "
         "salts share prefix pages",
         "sglang/srt/mem_cache/radix_cache.py:RadixKey.__init__",
-        "SGLang's per-request cache_salt / extra_key namespaces (RadixKey.child_key): the "
-        "isolation this fault removes"),
+        ("SGLang's per-request cache_salt / extra_key namespaces (RadixKey.child_key): the "
+         "isolation this fault removes",),
+        (BREAKS_ISOLATION, BREAKS_GROUND_TRUTH),
+        "two salts on the same prompt, and a check that a salted (isolated) request reports "
+        "0 cached tokens", live="isolation"),
 )}
 
 

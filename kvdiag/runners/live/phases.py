@@ -30,6 +30,8 @@ from kvdiag.runners.live.pressure import ServerCache, pressure_sessions
 from kvdiag.runners.live.store import RoundStore
 
 SHARED, ISOLATED, FLOOR, PRESSURE, TWIN = "shared", "isolated", "floor", "pressure", "twin"
+PLP, PLP_ISOLATED = "plp", "plp-isolated"  # short prompt-logprob requests, shared and isolated
+PLP_EVERY, PLP_BLOCKS = 4, 8  # every 4th round of a session; its prompt's first 8 blocks
 
 
 @dataclass
@@ -49,6 +51,9 @@ class ProbeSettings:
     twins: bool = True  # each shared request has a one-token twin sent with it (twin_of)
     adapter: str | None = None  # rounds alternate between the base model and this adapter
     isolation: str = "auto"  # auto (cache_salt where the server takes it), salt, or reset
+    prompt_logprobs: bool = True  # every PLP_EVERY-th round, the first PLP_BLOCKS blocks of its
+    # prompt (mostly cached by then) are sent for their prompt logprobs, shared and isolated,
+    # where the server gives them: the two must agree at every position (plp_jobs)
 
 
 async def shared_phase(endpoint: Endpoint, plan: CasePlan, store: RoundStore, s: ProbeSettings,
@@ -72,6 +77,12 @@ async def shared_phase(endpoint: Endpoint, plan: CasePlan, store: RoundStore, s:
                                       top_logprobs=s.top_logprobs, cache_salt=salt)
         store.add(phase, j, r, res, model=model)
 
+    async def plp(k: int, r: int) -> None:  # after the round: its prefix is cached by now
+        if (PLP, k, r) not in store.done:
+            async with sem:
+                res = await endpoint.prompt_logprobs(plp_ids(plan, k, r), model=plan.model_for(k, r))
+            store.add(PLP, k, r, res, **res.extra)
+
     async def session(phase: str, j: int, k: int) -> None:
         for r in range(plan.case.rounds):
             if (phase, j, r) in store.done:
@@ -81,6 +92,8 @@ async def shared_phase(endpoint: Endpoint, plan: CasePlan, store: RoundStore, s:
             twin = s.twins and phase == SHARED and (TWIN, j, r) not in store.done
             await asyncio.gather(one(phase, j, k, r, plan.case.max_tokens, salt),
                                  *([one(TWIN, j, k, r, 1, salt)] if twin else []))
+            if s.prompt_logprobs and phase == SHARED and (k, r) in plp_jobs(plan):
+                await plp(k, r)
             tick()
 
     await asyncio.gather(*(session(SHARED, k, k) for k in range(len(plan.sessions))),
@@ -108,13 +121,26 @@ async def isolated_phase(endpoint: Endpoint, plan: CasePlan, store: RoundStore, 
         async with sem:
             if not salted:  # documented fallback: empty the cache, one request at a time
                 endpoint.reset_prefix_cache()
-            res = await endpoint.chat(plan.sessions[k].messages(r), plan.case.max_tokens,
-                                      cache_salt=f"kvdiag-{uuid.uuid4().hex}" if salted else None,
-                                      top_logprobs=s.top_logprobs, model=model)
-        store.add(phase, k, r, res, model=model)
+            salt = f"kvdiag-{uuid.uuid4().hex}" if salted else None
+            if phase == PLP_ISOLATED:
+                res = await endpoint.prompt_logprobs(plp_ids(plan, k, r), cache_salt=salt, model=model)
+            else:
+                res = await endpoint.chat(plan.sessions[k].messages(r), plan.case.max_tokens,
+                                          cache_salt=salt, top_logprobs=s.top_logprobs, model=model)
+        store.add(phase, k, r, res, model=model, **res.extra)
         tick()
 
     await asyncio.gather(*(one(k, r) for k, r in jobs))
+
+
+def plp_jobs(plan: CasePlan) -> list[tuple[int, int]]:
+    """The (session, round) whose prompts' first blocks are sent for prompt logprobs."""
+    return [(k, r) for k in range(len(plan.sessions)) for r in range(plan.case.rounds)
+            if r % PLP_EVERY == 1]
+
+
+def plp_ids(plan: CasePlan, k: int, r: int) -> list[int]:
+    return list(plan.prompts[k][r][:PLP_BLOCKS * plan.suite.block_size])
 
 
 def pressure_id(plan: CasePlan, j: int, k: int) -> str:

@@ -28,8 +28,9 @@ from kvdiag.runners.live.endpoint import Endpoint
 @dataclass(frozen=True)
 class ServerCache:
     """The server's KV cache as the probe plans for it; `source` says where the figures came
-    from: `cache_config_info` (the server's /metrics), `flags` (the user's --block-size /
-    --num-blocks) or `suite` (neither: the suite's block size, pool unknown)."""
+    from: `cache_config_info` (vLLM's /metrics), `server_info` (SGLang's /server_info),
+    `flags` (the user's --block-size / --num-blocks) or `suite` (neither: the suite's block
+    size, pool unknown)."""
 
     block_size: int
     num_blocks: int | None
@@ -58,6 +59,15 @@ def read_server_cache(endpoint: Endpoint, suite_block_size: int, *, block_size: 
     if bs or pool:
         return ServerCache(bs or block_size or suite_block_size, pool or num_blocks,
                            "cache_config_info", version, labels)
+    info = endpoint.server_info
+    if info.get("max_total_num_tokens"):
+        # SGLang: a radix tree over pages (of one token on CPU); plan in the suite's blocks
+        # where pages are that small, and count the pool in the blocks planned with
+        page = int(info.get("page_size") or 1)
+        bs = block_size or (page if page > 1 else suite_block_size)
+        flags = {"page_size": page, "max_total_num_tokens": int(info["max_total_num_tokens"])}
+        return ServerCache(bs, num_blocks or int(info["max_total_num_tokens"]) // bs, "server_info",
+                           str(info.get("version")) if info.get("version") else version, flags)
     if block_size or num_blocks:
         return ServerCache(block_size or suite_block_size, num_blocks, "flags", version, labels)
     return ServerCache(suite_block_size, None, "suite", version, labels)

@@ -5,6 +5,7 @@ and the records. Returns what was measured; kvdiag.commands.probe judges it."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable
@@ -37,6 +38,7 @@ class ProbeRun:
     noise_floor: dict
     ground_truth: dict
     prefix_cache: dict  # the server's own hit counters over the shared phase
+    prompt_logprobs: dict  # twins' prompt logprobs against their isolated rounds' (compare.py)
     traffic: dict = field(default_factory=dict)  # spread, twins, adapter: what reached which class
     first_divergences: list[dict] = field(default_factory=list)
     by_request: list[dict] = field(default_factory=list)
@@ -94,6 +96,9 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
     if tokenizer.use_usage:
         warn("counting tokens by usage.prompt_tokens (no /tokenize): planning sends one-token requests")
     salted = _isolation(endpoint, base_url, warn, settings.isolation)
+    if settings.prompt_logprobs and (tokenizer.use_usage or not endpoint.prompt_logprobs_supported(
+            P.plp_ids(plan, 0, 0))):  # placeholder ids, or a server without prompt logprobs
+        settings = dataclasses.replace(settings, prompt_logprobs=False)
     fresh = {"base_url": base_url, "model": model, "suite": suite.name, "case": case.name,
              "plan_sha": plan_sha(plan), "salted": salted, "adapter": settings.adapter,
              "twins": settings.twins}
@@ -103,7 +108,9 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
     jobs = [(k, r) for k in range(len(plan.sessions)) for r in range(case.rounds)]
     floor = P.floor_jobs(plan, settings.floor_sessions)
     pressure = P.plan_pressure(plan, server, salted, settings)
-    total, done = 2 * len(jobs) + len(floor) + len(pressure) * case.rounds, [len(store.done)]
+    total = (2 * len(jobs) + len(floor) + len(pressure) * case.rounds
+             + (len(P.plp_jobs(plan)) if settings.prompt_logprobs else 0))
+    done = [len(store.done)]
 
     def tick_for(phase: str):
         def tick():
@@ -131,6 +138,9 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
                                    tick_for("isolated (fresh cache_salt)"))
             await P.isolated_phase(endpoint, plan, store, settings, P.FLOOR, floor, salted,
                                    tick_for("noise floor"))
+            if settings.prompt_logprobs:
+                await P.isolated_phase(endpoint, plan, store, settings, P.PLP_ISOLATED,
+                                       P.plp_jobs(plan), salted, tick_for("prompt logprobs"))
         finally:
             await endpoint.aclose()
 
@@ -141,6 +151,7 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
     run = _facts(base_url, who, plan, store, server, salted, pressure, before, after_shared,
                  settings)
     run.traffic = {"spread": settings.spread, "twins": settings.twins, "adapter": settings.adapter,
+                   "prompt_logprobs": settings.prompt_logprobs,
                    "twin_requests": sum(phase == P.TWIN for phase, _, _ in store.done),
                    "isolation": "cache_salt" if salted else "reset_prefix_cache"}
     return run
@@ -191,6 +202,7 @@ def _facts(base_url, who, plan, store, server, salted, pressure, before, after,
         noise_floor={"margin": worst, "diverged_pairs": diverged, "pairs": pairs,
                      "threshold": threshold},
         ground_truth=C.ground_truth(store),
+        prompt_logprobs=C.prompt_logprob_mismatches(store, threshold),
         prefix_cache={"queries": queries, "hits": hits, "hit_rate": hits / queries if queries else None},
         first_divergences=C.first_divergences(plan, store, corrupt, pressure),
         by_request=C.by_request_index(plan, store, frame, pressure))

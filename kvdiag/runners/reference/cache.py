@@ -33,7 +33,7 @@ class CachedTurn:
 
 
 def cache_dir() -> Path:
-    from kvdiag.models.gguf_import import cache_root  # the one kvdiag cache root
+    from kvdiag.paths import cache_root
 
     return cache_root() / "reference"
 

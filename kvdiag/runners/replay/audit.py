@@ -105,6 +105,23 @@ class AuditRun:
         """summary.json's "vllm_audit"."""
         return vllm_section(self.vllm, self.ours, self.stages)
 
+    def _bad_turns(self) -> list:
+        return [t for turns in self.vllm.turns.values() for t in turns
+                if t.stats.foreign_slots or t.stats.unwritten_slots]
+
+    def corrupted_requests(self) -> int:
+        """Requests (twins included) that read a foreign or unwritten slot."""
+        return len(self._bad_turns())
+
+    def first_corruption(self) -> tuple[int | None, int | None]:
+        """(its round, requests admitted up to and including it) of the first request that
+        read a foreign or unwritten slot; (None, None) when none did."""
+        bad = self._bad_turns()
+        if not bad:
+            return None, None
+        first = min(bad, key=lambda t: t.admitted)
+        return first.tag.round + 1, first.admitted + 1
+
 
 def audit_trace(trace: Trace, *, compare: str | None = "prefix-cache", explain: bool = True,
                 api=None, epilogue: bool = True) -> AuditRun:

@@ -49,6 +49,7 @@ class VllmTurn:
     first_admission: bool = True
     hashed_blocks: int = 0  # block hashes already entered in the audit's hash -> prefix map
     tenant: int = 0  # shadow.tenant_of(its cache_salt)
+    admitted: int = -1  # how many requests were admitted before it (its first admission)
     hit_blocks: list = field(default_factory=list)  # its first admission's cache hits, checked
     # once the step that admitted it has written (blocks cached in that step are written then)
 
@@ -81,6 +82,7 @@ class VllmReplay:
         self.epoch = 0  # prefix-cache resets so far: K/V written before one are another model's
         self.cross_tenant_hits = 0  # cache hits on blocks another cache_salt wrote
         self.prompt_logprob_hits = 0  # prompt-logprob requests served tokens from the cache
+        self.num_admitted = 0
 
     # --- requests ----------------------------------------------------------------------
     def add_request(self, prompt_ids, max_tokens, tag=None, session=None, **_):
@@ -175,6 +177,7 @@ class VllmReplay:
         self.running.append(turn)
         if turn.first_admission:  # the request's reuse, as vLLM's own statistics count it
             turn.first_admission = False
+            turn.admitted, self.num_admitted = self.num_admitted, self.num_admitted + 1
             st = turn.stats
             st.cached_tokens, st.blocks_hit = counted.hits, counted.hits // bs
             st.blocks_needed = -(-req.num_prompt_tokens // bs)

@@ -1,0 +1,161 @@
+"""kvdiag detect: the detection matrix. A healthy engine and every fault of its catalog, each
+through the model-free audit (vLLM's own KVCacheManager, the fault planted in-process) and,
+with `live`, through a real server with the fault planted (the probe or the isolation audit,
+as the catalog's `live` says). One row per (fault, path): what kvdiag concluded, against
+what it had to conclude.
+
+    plan     faults and paths checked before anything starts; the trace planned once
+    measure  per row: the audit (commands.audit.planted_audit) or a live run (commands.probe /
+             commands.isolation, each into its own run directory under the matrix's)
+    judge    kvdiag.verdicts.judge_matrix: healthy passes (no false positive) and every fault
+             gives its expected verdict
+    finish   MatrixSummary (rows in `matrix`), the matrix page
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from kvdiag.engines.fault import Fault
+from kvdiag.errors import KvdiagError
+from kvdiag.lifecycle import finish_run, no_progress
+from kvdiag.results import RunResult, Signature, model_label
+from kvdiag.summary import MatrixSummary
+from kvdiag.verdicts import Verdict, expected_detection, judge_matrix
+
+HEALTHY = "healthy"
+PATHS = ("audit", "live")
+ADAPTER = "canary-lora"
+
+
+def catalog(engine: str) -> dict[str, Fault]:
+    if engine == "vllm":
+        from kvdiag.engines.vllm.catalog import FAULTS
+    elif engine == "sglang":
+        from kvdiag.engines.sglang.faults import FAULTS
+    else:
+        raise KvdiagError(f"--engine {engine!r}: expected vllm or sglang")
+    return FAULTS
+
+
+def choose(engine: str, faults: list[str] | None, paths: list[str]) -> tuple[list[str], list[str]]:
+    """The rows' faults (healthy first) and paths, checked before anything starts."""
+    known = catalog(engine)
+    names = [n for f in faults or ["all"] for n in f.split(",") if n]
+    if "all" in names:
+        names = list(known)
+    unknown = [n for n in names if n not in known and n != HEALTHY]
+    if unknown:
+        raise KvdiagError(f"unknown {engine} fault {unknown[0]!r} (known: {', '.join(known)})")
+    bad = [p for p in paths if p not in PATHS]
+    if bad or not paths:
+        raise KvdiagError(f"--paths {','.join(paths)}: expected audit, live or both")
+    if engine == "sglang" and "audit" in paths:
+        raise KvdiagError("--engine sglang has no model-free audit (kvdiag replays vLLM's allocator "
+                          "only; SGLang's radix tree is probed live): give --paths live")
+    return [HEALTHY] + [n for n in dict.fromkeys(names) if n != HEALTHY], list(dict.fromkeys(paths))
+
+
+def row(name: str, fault: Fault | None, path: str, verdict: Verdict, reason: str, seconds: float,
+        **facts) -> dict:
+    """One row of the matrix (results.parquet and summary.json's `matrix`)."""
+    want = expected_detection(fault.live if fault else None, path)
+    return {"fault": name, "path": path, "class": fault.fault_class if fault else "-",
+            "reports": "; ".join(fault.reports) if fault else "",
+            "verdict": verdict.value, "expected": want.value,
+            "caught": verdict is want, "corrupted": facts.get("corrupted"),
+            "first_round": facts.get("first_round"), "requests_to_first": facts.get("requests_to_first"),
+            "numerics": facts.get("numerics"), "seconds": round(seconds, 1),
+            "run_dir": facts.get("run_dir"), "reason": reason}
+
+
+def audit_rows(names: list[str], faults: dict, trace, info: Callable[[str], None]) -> list[dict]:
+    from kvdiag.commands.audit import judge, planted_audit
+    from kvdiag.runners.replay.vllm_api import load
+
+    api, out = load(), []
+    for name in names:
+        info(f"audit: {name}")
+        t0 = time.perf_counter()
+        run = planted_audit(trace, None, None if name == HEALTHY else name, api=api)
+        judged = judge(run)
+        first = run.first_corruption()
+        out.append(row(name, faults.get(name), "audit", judged.verdict, judged.reason,
+                       time.perf_counter() - t0, corrupted=run.corrupted_requests(),
+                       first_round=first[0], requests_to_first=first[1], numerics=0))
+    return out
+
+
+def live_row(engine: str, name: str, fault: Fault | None, suite: str, case: str | None,
+             out: Path, info: Callable[[str], None]) -> dict:
+    """One fault on a real server kvdiag starts (its own run directory under `out`)."""
+    from kvdiag.commands.isolation import audit_target
+    from kvdiag.commands.probe import probe
+    from kvdiag.runners.live.isolation import IsolationPlan
+    from kvdiag.runners.live.phases import ProbeSettings
+
+    target = f"{engine}-local" + ("" if fault is None else f":{name}")
+    mode = fault.live if fault else "probe"
+    adapter = ADAPTER if fault is not None and fault.adapter else None
+    info(f"live: {target} ({mode})")
+    t0 = time.perf_counter()
+    try:
+        if mode.startswith("isolation"):
+            result = audit_target(None, target, None, None, IsolationPlan(adapter=adapter),
+                                  out_dir=out / f"{name}-live", info=info)
+        else:
+            settings = ProbeSettings(adapter=adapter,
+                                     isolation="reset" if mode == "probe-reset" else "auto")
+            result = probe(suite, case, target=target, settings=settings,
+                           out_dir=out / f"{name}-live", info=info)
+    except KvdiagError as e:  # the run could not be made: an error row, never a pass
+        from kvdiag.verdicts import judge_unmeasured
+
+        judged = judge_unmeasured(str(e).splitlines()[0])
+        return row(name, fault, "live", judged.verdict, judged.reason, time.perf_counter() - t0)
+    s = result.summary
+    firsts = getattr(s, "first_divergences", None) or []
+    return row(name, fault, "live", result.verdict, s.reason, time.perf_counter() - t0,
+               corrupted=getattr(s, "corrupted_requests", None),
+               first_round=firsts[0]["round"] if firsts else None,
+               requests_to_first=min((f["index"] for f in firsts if f.get("index") is not None),
+                                     default=None) if firsts else None,
+               numerics=getattr(s, "numerics_requests", None), run_dir=str(result.run_dir))
+
+
+def detect(engine: str = "vllm", faults: list[str] | None = None, paths: list[str] = ("audit",),
+           suite: str = "smoke", case: str | None = None, *, out_dir: Path | None = None,
+           info: Callable[[str], None] = lambda _: None, progress=no_progress) -> RunResult:
+    """kvdiag detect, start to finish."""
+    import pandas as pd
+
+    from kvdiag.paths import CANARY
+    from kvdiag.rundir import RunDir, Timer
+    from kvdiag.suites import load_cases
+
+    timer = Timer()
+    names, paths = choose(engine, faults, list(paths))
+    known = catalog(engine)
+    loaded, (chosen,) = load_cases(suite, case, one=True)
+    rows: list[dict] = []
+    with RunDir.begin(out_dir, f"detect-{engine}") as run, progress("detect", len(names) * len(paths)) as update:
+        if "audit" in paths:
+            from kvdiag.runners.replay.audit import trace_for_case
+
+            info(f"planning {loaded.name}/{chosen.name} and running the contiguous reference ...")
+            trace = trace_for_case(loaded, chosen, model=CANARY)
+            rows += audit_rows(names, known, trace, info)
+            update(advance=len(names))
+        if "live" in paths:
+            for name in names:
+                rows.append(live_row(engine, name, known.get(name), suite, chosen.name, run.path, info))
+                update(advance=1)
+    judged = judge_matrix((f"{r['fault']}/{r['path']}", Verdict(r["verdict"]), Verdict(r["expected"]))
+                          for r in rows)
+    signature = Signature(engine=f"detect:{engine}", allocators=tuple(paths), block_size=loaded.block_size,
+                          model=model_label(CANARY), suite=loaded.name, seed=loaded.seed)
+    summary = MatrixSummary(signature=signature.format(), suite=loaded.name, verdict=judged.verdict,
+                            reason=judged.reason, engine=engine, paths=paths, matrix=rows)
+    return finish_run(RunResult("matrix", pd.DataFrame(rows), summary), run, timer)

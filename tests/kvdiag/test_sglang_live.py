@@ -1,0 +1,128 @@
+"""kvdiag against a real SGLang (0.5.23 on CPU, started by kvdiag.engines.sglang.SglangLocal):
+the probe passes a healthy SGLang with recycling observed and fails one with `stale-node`
+planted (naming rounds and first divergent tokens); the isolation audit sees `salt-ignored`
+leak across salts; regress completes against sglang-local; a probe whose server dies mid-run
+exits 2 and resumes against a new one. Slow; skipped without the env (`make sglang-cpu-env`;
+`make test-sglang-live` builds it and runs these). Bad input needs no env and runs always."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kvdiag.engines.sglang.launcher import SglangLocal, sglang_available
+from kvdiag.errors import KvdiagError
+from kvdiag.paths import CANARY
+from tests.kvdiag.serving import assert_died_and_kept, probe_until_server_dies, resumed_keys
+
+needs_sglang = pytest.mark.skipif(not sglang_available(), reason="no SGLang env: make sglang-cpu-env")
+live = [pytest.mark.slow, pytest.mark.sglang_live, needs_sglang]
+POOL = 11000  # tokens: the smoke suite's sessions recycle in it (the stale-node fault needs it)
+
+
+def _kvdiag(*args: str, timeout: float = 2400) -> tuple[int, dict, str]:
+    run = subprocess.run([sys.executable, "-m", "kvdiag", *args, "--json"], capture_output=True,
+                         text=True, timeout=timeout)
+    return run.returncode, (json.loads(run.stdout) if run.stdout.strip() else {}), run.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["probe", "--target", "sglang-local:no-such-fault", "--suite", "smoke"], "unknown SGLang fault"),
+    (["regress", "--target", "sglang-local:nope", "--suite", "smoke"], "unknown SGLang fault"),
+])
+def test_an_unknown_fault_exits_2_before_anything_starts(args, message, tmp_path):
+    code, _, err = _kvdiag(*args, "--out", str(tmp_path / "never"), timeout=120)
+    assert code == 2 and message in err and "Traceback" not in err
+    assert not (tmp_path / "never").exists()
+
+
+def test_no_sglang_env_exits_2_naming_the_make_target(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVDIAG_SGLANG_PYTHON", str(tmp_path / "no-such-python"))
+    code, _, err = _kvdiag("probe", "--target", "sglang-local", "--suite", "smoke", "--out",
+                           str(tmp_path / "p"), timeout=120)
+    assert code == 2 and "make sglang-cpu-env" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("fault", [None, "stale-node"])
+@pytest.mark.slow
+@pytest.mark.sglang_live
+@needs_sglang
+def test_probe_of_sglang_local(fault, tmp_path):
+    target = "sglang-local" + (f":{fault}" if fault else "")
+    code, summary, err = _kvdiag("probe", "--target", target, "--suite", "smoke", "--out",
+                                 str(tmp_path / "p"))
+    log = (tmp_path / "p" / "sglang.log").read_text()
+    assert summary["server"]["engine"] == "sglang" and summary["server"]["source"] == "server_info"
+    assert summary["ground_truth"]["contaminated"] == 0  # salts isolate on SGLang
+    if fault is None:
+        assert code == 0, err[-2000:]
+        assert summary["verdict"] == "pass" and summary["corrupted_requests"] == 0
+        assert summary["recycling"]["observed"], summary["recycling"]
+        assert "PLANTED FAULT" not in log
+        return
+    assert "PLANTED FAULT stale-node" in log
+    assert code == 1, err[-2000:]
+    assert summary["verdict"] == "fail" and summary["corruption_rounds"]
+    first = summary["first_divergences"][0]
+    assert first["round"] in summary["corruption_rounds"]
+    assert first["shared_token"] != first["isolated_token"]
+
+
+@pytest.mark.slow
+@pytest.mark.sglang_live
+@needs_sglang
+def test_salt_ignored_leaks_across_salts(tmp_path):
+    code, summary, err = _kvdiag("isolation", "--target", "sglang-local:salt-ignored", "--trials", "4",
+                                 "--lengths", "64,256", "--out", str(tmp_path / "iso"))
+    assert code == 1, err[-2000:]
+    assert summary["verdict"] == "fail" and summary["leaks"]
+    assert {leak["config"] for leak in summary["leaks"]} == {"per-tenant"}
+
+
+@pytest.mark.slow
+@pytest.mark.sglang_live
+@needs_sglang
+def test_regress_against_sglang_local_completes(tmp_path):
+    code, data, err = _kvdiag("regress", "--target", "sglang-local", "--suite", "smoke",
+                              "--history", str(tmp_path / "h.sqlite"), "--baseline",
+                              str(tmp_path / "b.json"), "--out", str(tmp_path / "r"))
+    assert code == 0, err[-2000:]
+    assert data["verdict"] == "pass" and data["key"]["engine"] == "sglang"
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["kind"] == "regress" and summary["target_spec"] == "sglang-local"
+    assert "model:canary-" in summary["signature"]  # the directory's digest, not a served name
+
+
+@pytest.mark.slow
+@pytest.mark.sglang_live
+@needs_sglang
+def test_a_server_that_dies_mid_run_exits_2_and_the_probe_resumes(tmp_path):
+    out = tmp_path / "p"
+
+    def server():
+        return SglangLocal(CANARY, num_blocks=POOL, max_model_len=2048, served_model="canary",
+                           log_path=tmp_path / "sglang.log")
+
+    def cmd(url: str) -> list[str]:
+        return [sys.executable, "-m", "kvdiag", "probe", "--base-url", url, "--model", "canary",
+                "--suite", "smoke", "--out", str(out)]
+
+    with server() as s:
+        code, err, kept = probe_until_server_dies(cmd(s.base_url), out, s.kill)
+        url = s.base_url
+    assert_died_and_kept(code, err, url, kept, out)
+    with server() as s:
+        run = subprocess.run(cmd(s.base_url) + ["--resume", str(out), "--json"], capture_output=True,
+                             text=True, timeout=2400)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout)["verdict"] == "pass"
+    resumed_keys(out, kept)
+
+
+def test_unknown_fault_is_refused_by_the_launcher(tmp_path):
+    with pytest.raises(KvdiagError, match="unknown SGLang fault"):
+        SglangLocal(CANARY, fault="no-such-fault", python=sys.executable, log_path=tmp_path / "x.log")
+    assert not (tmp_path / "x.log").exists()
