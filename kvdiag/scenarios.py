@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvdiag.errors import KvdiagError
+from reference_engine.util import cdiv
 
 CONDITIONS = ("trigger", "no-caching", "no-jump", "uniform", "big-pool")
 
@@ -67,7 +68,7 @@ class Schedule:
         total = shared
         for p, a in zip(self.prompt_lengths, self.answer_lengths):
             computed = p[round_index] + a[round_index] - 1
-            total += -(-computed // bs) - shared
+            total += cdiv(computed, bs) - shared
         return total
 
     def crossings(self, boundary: int) -> list[tuple[int, int, int]]:
@@ -128,7 +129,7 @@ class LengthPlanner:
         if self.jumps and not self.jumped:
             if self.prev == edge:  # 4095 -> 4112, or the next boundary that fits
                 self.jumped = True
-                return max(self.boundary + bs, -(-min_len // bs) * bs)
+                return max(self.boundary + bs, cdiv(min_len, bs) * bs)
             if min_len <= edge and (target >= edge or edge < target + self.min_turn) and answer + 8 <= bs:
                 return edge
         return target
@@ -143,7 +144,7 @@ class LengthPlanner:
     def _uniform(self, r: int, min_len: int, answer: int) -> int:
         if r == 0:  # one token short of a boundary, reaching 4095 within the run
             first = self.boundary - 1 - self.bs * self.rng.randint(1, 10)
-            return first + self.bs * max(0, -(-(min_len - first) // self.bs))
+            return first + self.bs * max(0, cdiv(min_len - first, self.bs))
         return self.prev + self.bs
 
 

@@ -1,4 +1,5 @@
-"""Suites: YAML files -> validated, frozen dataclasses. Every error names the file and the key.
+"""Suites: YAML files -> frozen dataclasses, each value validated by pydantic (strict). Every
+error names the file and the key.
 
 A suite holds settings shared by its cases and a list of cases; a case may override any
 shared setting. `kvdiag reproduce` runs the cases marked `default: true` unless told
@@ -8,16 +9,22 @@ otherwise (`--cases NAME,...` or `--cases all`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-import types
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import BeforeValidator, ConfigDict, TypeAdapter, ValidationError
 
 from kvdiag.errors import KvdiagError, SuiteError
 from kvdiag.paths import SUITES
 from kvdiag.scenarios import CONDITIONS
 from kvdiag.vocab import STYLES
+
+# YAML has no NaN literal: a suite writes "nan" (vLLM #35138's other tenant fills with NaN)
+Fill = Annotated[float, BeforeValidator(lambda v: math.nan if isinstance(v, str) and v.lower() == "nan" else v)]
 
 
 @dataclass(frozen=True)
@@ -39,7 +46,7 @@ class Case:
     allocators: tuple[str, ...] = ()  # empty: the suite's allocators
     default: bool = True  # run by `kvdiag reproduce` without --cases
     ablation: bool = False  # a control: every allocator must stay flat
-    recycled_block_fill: float | None = None  # nan models vLLM #35138's other tenant
+    recycled_block_fill: Fill | None = None  # nan models vLLM #35138's other tenant
     capture_attention: bool = True
     seed: int | None = None  # None: the suite's seed
     style: str | None = None  # None: the suite's (canary or natural)
@@ -78,47 +85,40 @@ class Suite:
         return [self.case(n.strip()) for n in spec.split(",") if n.strip()]
 
 
-def _check(value, typ, where: str):
-    """Coerce/validate one YAML value against a dataclass field type."""
-    origin = typing.get_origin(typ)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(typ)
-        if value is None and type(None) in args:
-            return None
-        return _check(value, next(a for a in args if a is not type(None)), where)
-    if origin is tuple:
-        if not isinstance(value, list | tuple):
-            raise SuiteError(f"{where}: expected a list, got {type(value).__name__}")
-        args = typing.get_args(typ)
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_check(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
-        if len(value) != len(args):
-            raise SuiteError(f"{where}: expected {len(args)} items, got {len(value)}")
-        return tuple(_check(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
-    if typ is float:
-        if isinstance(value, str) and value.lower() == "nan":
-            return math.nan
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise SuiteError(f"{where}: expected a number, got {value!r}")
-        return float(value)
-    if typ is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise SuiteError(f"{where}: expected an integer, got {value!r}")
-    if typ is bool and not isinstance(value, bool):
-        raise SuiteError(f"{where}: expected true or false, got {value!r}")
-    if typ is str and not isinstance(value, str):
-        raise SuiteError(f"{where}: expected a string, got {value!r}")
+def _tuples(value):
+    """YAML lists as tuples, so strict validation takes them for tuple fields."""
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _tuples(v) for k, v in value.items()}
     return value
 
 
-def _build(cls, data: dict, where: str, skip: tuple[str, ...] = ()):
+def _build(cls, data: dict, where: str, skip: tuple[str, ...] = ()) -> dict:
+    """The keys of a YAML mapping, each validated against dataclass `cls`'s field type by
+    pydantic in strict mode (no "1" for 1, no true for 1); one SuiteError naming `where`
+    and the key otherwise."""
     if not isinstance(data, dict):
         raise SuiteError(f"{where}: expected a mapping, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
     names = {f.name for f in fields(cls)} - set(skip)
     unknown = sorted(set(data) - names)
     if unknown:
         raise SuiteError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(sorted(names))})")
-    return {k: _check(v, hints[k], f"{where}.{k}") for k, v in data.items()}
+    hints = typing.get_type_hints(cls, include_extras=True)
+    out = {}
+    for key, value in data.items():
+        try:
+            out[key] = _adapter(hints[key]).validate_python(_tuples(value))
+        except ValidationError as e:
+            first = e.errors()[0]
+            inner = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in first["loc"])
+            raise SuiteError(f"{where}.{key}{inner}: {first['msg']} (got {first['input']!r})") from None
+    return out
+
+
+@functools.cache
+def _adapter(typ) -> TypeAdapter:
+    return TypeAdapter(typ, config=ConfigDict(strict=True))
 
 
 def load_suite(path: str | Path) -> Suite:

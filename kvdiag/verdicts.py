@@ -29,11 +29,17 @@ The judges, by kind of run (each returns a Judgement: the verdict and one senten
 from __future__ import annotations
 
 import enum
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from kvdiag.vocab import BRAI_MAX, CLEAN_ALLOCATORS, CONTIGUOUS, GUARD_LOG_LINE, VLLM
+from kvdiag.findings import (
+    expected_clean,
+    failing_rounds,
+    fault_findings,
+    guard_gate,
+    rows_of,
+)
+from kvdiag.vocab import CONTIGUOUS, GUARD_LOG_LINE
 
 
 class Verdict(str, enum.Enum):
@@ -93,95 +99,6 @@ class Judgement:
 
 
 # --- in-process runs (reference engine) ---------------------------------------------------
-@dataclass
-class GateResult:
-    passed: bool
-    failures: list[str] = field(default_factory=list)  # "round 7: foreign_slots = 379 (want 0)"
-
-
-def failing_rounds(findings: Iterable[str]) -> list[int]:
-    """The round numbers of findings written "round N: ..."."""
-    return sorted({int(f.split(":")[0].split()[1]) for f in findings if f.startswith("round ")})
-
-
-def _nan(x) -> bool:
-    return x is None or (isinstance(x, float) and math.isnan(x))
-
-
-def series(rounds: Iterable[dict], case: str, name: str) -> list[dict]:
-    """The per-round rows of one allocator (or target) in one case, by round."""
-    rows = [r for r in rounds if r.get("case", case) == case
-            and (r["allocator"] == name or r["target"] == name)]
-    return sorted(rows, key=lambda r: r["round"])
-
-
-def guard_gate(rows: list[dict], reference: list[dict], brai_max: float = BRAI_MAX) -> GateResult:
-    """Every round: zero foreign and unwritten slots, zero leakage, no non-finite logits,
-    BLEU-4 = 100, fact-check pass rate equal to the reference's, and BRAI <= brai_max."""
-    if not rows:
-        return GateResult(False, ["no rounds were measured"])
-    ref = {r["round"]: r for r in reference}
-    failures = []
-    for r in rows:
-        n = r["round"]
-        checks = [
-            ("foreign_slots", r.get("foreign_slots", 0), lambda v: v == 0, "0"),
-            ("unwritten_slots", r.get("unwritten_slots", 0), lambda v: v == 0, "0"),
-            ("nonfinite_logits", r.get("nonfinite_logits", 0), lambda v: v == 0, "0"),
-            ("attention_leakage", r.get("attention_leakage"), lambda v: _nan(v) or v == 0, "0"),
-            ("bleu4", r.get("bleu4"), lambda v: not _nan(v) and v >= 100 - 1e-9, "100"),
-        ]
-        want = ref.get(n, {}).get("fact_check_pass_rate")
-        if not _nan(want):
-            checks.append(("fact_check_pass_rate", r.get("fact_check_pass_rate"),
-                           lambda v, w=want: not _nan(v) and abs(v - w) < 1e-9, f"{want:g} (reference)"))
-        brai = r.get("brai")
-        if not _nan(brai):
-            checks.append(("brai", brai, lambda v: v <= brai_max + 1e-12, f"<= {brai_max}"))
-        for name, value, ok, expect in checks:
-            if not ok(value):
-                shown = f"{value:.4g}" if isinstance(value, float) else value
-                failures.append(f"round {n}: {name} = {shown} (want {expect})")
-    return GateResult(not failures, failures)
-
-
-def fault_findings(rows: list[dict], reference: list[dict]) -> list[str]:
-    """What marks a series as corrupted (the positive control): any foreign or unwritten
-    slot, leakage, non-finite logits, BLEU-4 below 100, or fact-checks below the reference."""
-    ref = {r["round"]: r for r in reference}
-    found = []
-    for r in rows:
-        n = r["round"]
-        for key in ("foreign_slots", "unwritten_slots", "nonfinite_logits"):
-            if r.get(key, 0):
-                found.append(f"round {n}: {key} = {r[key]}")
-        if not _nan(r.get("attention_leakage")) and r["attention_leakage"] > 0:
-            found.append(f"round {n}: attention_leakage = {r['attention_leakage']:.4g}")
-        if not _nan(r.get("bleu4")) and r["bleu4"] < 100 - 1e-9:
-            found.append(f"round {n}: bleu4 = {r['bleu4']:.4g}")
-        want = ref.get(n, {}).get("fact_check_pass_rate")
-        got = r.get("fact_check_pass_rate")
-        if not _nan(want) and not _nan(got) and got < want - 1e-9:
-            found.append(f"round {n}: fact_check_pass_rate = {got:.4g} (reference {want:.4g})")
-    return found
-
-
-def expected_clean(name: str, ablation: bool) -> bool:
-    """Series the guard gate applies to: guarded allocators, the correct allocators, and
-    every allocator of an ablation (control) case."""
-    return ablation or name.startswith("guarded") or name in CLEAN_ALLOCATORS
-
-
-def _rows(rounds: list[dict], case: str, name: str) -> tuple[list[dict], list[dict]]:
-    rows_of_case = [r for r in rounds if r.get("case") == case]
-    rows = series(rows_of_case, case, name)
-    if name == VLLM:  # vLLM registers blocks when it schedules them, so its reuse differs
-        # from our engine's by design (runners/replay/hit_diff.py): BRAI against our guarded
-        # baseline is no anomaly signal for it
-        rows = [{**r, "brai": None} for r in rows]
-    return rows, series(rows_of_case, case, CONTIGUOUS)
-
-
 def judge_reference(rounds: list[dict], cases: Iterable[tuple[str, bool]],
                     recycled: dict[str, dict[str, int]], vllm_corrupted: bool = False) -> Judgement:
     """reproduce: every series expected clean stayed flat and every faulty one under a
@@ -198,7 +115,7 @@ def judge_reference(rounds: list[dict], cases: Iterable[tuple[str, bool]],
         names = dict.fromkeys(r["allocator"] for r in rounds if r.get("case") == case)
         names.pop(CONTIGUOUS, None)
         for name in names:
-            rows, reference = _rows(rounds, case, name)
+            rows, reference = rows_of(rounds, case, name)
             if expected_clean(name, ablation):
                 gate = guard_gate(rows, reference)
                 gates[f"{case}/{name}"] = {"passed": gate.passed, "failures": gate.failures}
@@ -236,7 +153,7 @@ def judge_gate(rounds: list[dict], engine_log: dict[str, list[str]], case: str, 
     every round, on a case that recycled cached blocks: otherwise it could not have failed)
     or --expect-bug (the positive control: the fault shows). details: the gate as
     summary.json's `gate` holds it."""
-    rows, reference = _rows(rounds, case, allocator)
+    rows, reference = rows_of(rounds, case, allocator)
     if expect_guard:
         findings = list(guard_gate(rows, reference).failures)
         if GUARD_LOG_LINE not in engine_log.get(f"{case}/{allocator}", []):

@@ -15,7 +15,7 @@ import torch
 
 from reference_engine.attention import prefill_attention
 from reference_engine.config import EngineConfig
-from reference_engine.engine import ModelRunner, load_model, validate_request
+from reference_engine.engine import ModelRunner, generate, load_model, validate_request
 from reference_engine.errors import InvalidRequestError
 from reference_engine.loader import Checkpoint, load_checkpoint
 from reference_engine.scheduler import ScheduledSeq
@@ -138,19 +138,12 @@ class ContiguousEngine:
             if token is None:
                 continue
             seq.append_token(token)
-            reason = ("stop" if token in seq.stop_ids else
-                      "length" if len(seq.output_ids) >= seq.max_tokens or seq.num_tokens >= self.max_model_len
-                      else None)
-            if reason:
+            if (reason := seq.stop_reason(self.max_model_len)) is not None:
                 seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
                 self.running.remove(seq)
                 self.stores.pop(seq).busy = False
                 finished.append(seq)
         return finished
 
-    def generate(self, prompts: list[list[int]], max_tokens: int = 64, **kw) -> list[Sequence]:
-        seqs = [self.add_request(p, max_tokens, **kw) for p in prompts]
-        while self.has_unfinished():
-            self.step()
-        return seqs
+    generate = generate
 

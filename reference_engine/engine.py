@@ -16,9 +16,10 @@ from reference_engine.kv_cache import PagedKVCache
 from reference_engine.loader import Checkpoint, check_weights, has_tokenizer, load_checkpoint
 from reference_engine.log_lines import GUARD_LOG_LINE, PAGED_ATTENTION_LINE
 from reference_engine.model import CausalLM
-from reference_engine.paged_backend import PagedBackend
+from reference_engine.paged_backend import PagedBackend, SeqState
 from reference_engine.scheduler import ScheduledSeq, Scheduler
 from reference_engine.sequence import Sequence
+from reference_engine.util import cdiv
 
 log = logging.getLogger("reference_engine")
 
@@ -49,12 +50,21 @@ def validate_request(prompt_ids: list[int], max_tokens: int, cache_salt: str | N
             f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) = {total} "
             f"exceeds max_model_len {max_model_len}"
         )
-    need = -(-total // block_size)
+    need = cdiv(total, block_size)
     if num_blocks is not None and need > num_blocks:
         raise PoolTooSmallError(
             f"a request of {total} tokens needs {need} blocks; the pool has {num_blocks} "
             f"(raise num_blocks)"
         )
+
+
+def generate(engine, prompts: list[list[int]], max_tokens: int = 64, **kw) -> list[Sequence]:
+    """Every prompt queued, then steps until all finish (LLMEngine.generate and
+    ContiguousEngine.generate: the same loop over either engine)."""
+    seqs = [engine.add_request(p, max_tokens, **kw) for p in prompts]
+    while engine.has_unfinished():
+        engine.step()
+    return seqs
 
 
 class ModelRunner:
@@ -112,6 +122,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.allocator, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, config.device)
+        self.seq_states: dict[int, SeqState] = {}  # the backend's per-sequence state, by seq_id
         log.info(PAGED_ATTENTION_LINE.format(block_size=config.block_size))
         if self.allocator.guarded:
             log.info(GUARD_LOG_LINE)
@@ -137,6 +148,17 @@ class LLMEngine:
         """Drop seq before it finishes and free its blocks; finish_reason becomes "abort"."""
         if not seq.is_finished:
             self.scheduler.abort(seq)
+            self._forget(seq)
+
+    def attention(self, seq: Sequence) -> list[dict]:
+        """The attention records the backend kept for seq, one per sampled token (only with
+        EngineConfig.keep_attention; otherwise empty)."""
+        state = self.seq_states.get(seq.seq_id)
+        return state.attention if state is not None else []
+
+    def _forget(self, seq: Sequence) -> None:
+        if not self.config.keep_attention:  # tests read the records after the sequence ends
+            self.seq_states.pop(seq.seq_id, None)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -154,7 +176,7 @@ class LLMEngine:
             if self.scheduler.has_unfinished() and not out.preempted:
                 raise PoolTooSmallError("no request can be scheduled: the pool is too small")
             return []
-        backend = PagedBackend(self.cache, out.scheduled, mode=self.allocator.attention_mask,
+        backend = PagedBackend(self.cache, out.scheduled, self.seq_states, mode=self.allocator.attention_mask,
                                scale=self.runner.scale,
                                capture=self.config.capture_attention or self.config.keep_attention,
                                keep=self.config.keep_attention, device=self.config.device)
@@ -171,20 +193,13 @@ class LLMEngine:
             if token is None:
                 continue
             seq.append_token(token)
-            if token in seq.stop_ids:
-                self.scheduler.finish(seq, "stop")
-            elif len(seq.output_ids) >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
-                self.scheduler.finish(seq, "length")
-            else:
-                continue
-            finished.append(seq)
+            if (reason := seq.stop_reason(self.max_model_len)) is not None:
+                self.scheduler.finish(seq, reason)
+                self._forget(seq)
+                finished.append(seq)
         return finished
 
-    def generate(self, prompts: list[list[int]], max_tokens: int = 64, **kw) -> list[Sequence]:
-        seqs = [self.add_request(p, max_tokens, **kw) for p in prompts]
-        while self.has_unfinished():
-            self.step()
-        return seqs
+    generate = generate
 
 
 def complete(model: str | Path, prompt: str | list[int], *, chat: bool = False,

@@ -10,15 +10,17 @@ import torch
 from reference_engine.attention import decode_attention, prefill_attention
 from reference_engine.kv_cache import UNWRITTEN, PagedKVCache
 from reference_engine.scheduler import ScheduledSeq
+from reference_engine.util import cdiv
 
 
 class _Item:
     """One sequence's share of the step, with the slots it reads and their provenance."""
 
-    __slots__ = ("sched", "row0", "start", "ctx", "slots", "bad", "np_slots", "np_bad", "leak", "probs")
+    __slots__ = ("sched", "state", "row0", "start", "ctx", "slots", "bad", "np_slots", "np_bad",
+                 "leak", "probs")
 
-    def __init__(self, sched: ScheduledSeq, row0: int) -> None:
-        self.sched, self.row0 = sched, row0
+    def __init__(self, sched: ScheduledSeq, row0: int, state: SeqState) -> None:
+        self.sched, self.state, self.row0 = sched, state, row0
         self.start = sched.seq.num_computed_tokens
         self.ctx = self.start + sched.num_tokens
         self.slots = self.bad = self.np_slots = self.np_bad = None  # set by the provenance check
@@ -26,41 +28,55 @@ class _Item:
         self.probs: list[torch.Tensor] = []
 
 
-def _slots(seq, bs: int) -> np.ndarray:
-    """Every slot of the sequence's block table, in position order. Cached on the sequence
-    with a copy of the table it was computed from, and recomputed whenever the table differs
-    (grown, emptied, or replaced by a new allocation): whoever changes a block table need not
-    know this cache exists. Comparing two int lists costs far less than rebuilding."""
-    cached = seq.slot_cache
-    if cached is None or cached[0] != seq.block_table:
-        table = np.asarray(seq.block_table, dtype=np.int64)
-        seq.slot_cache = cached = (list(seq.block_table), (table[:, None] * bs + np.arange(bs)).ravel())
-    return cached[1]
+class SeqState:
+    """What the backend keeps about one sequence across steps; the engine holds these in a
+    dict keyed by seq_id and drops an entry when its sequence finishes.
+        table, slots: the block table the slot list was computed from, and every slot of
+            that table in position order (recomputed whenever the table differs: grown,
+            emptied, or replaced after a preemption; whoever changes a block table need not
+            know this cache exists, and comparing two int lists costs far less than
+            rebuilding)
+        foreign, unwritten: bool per context position, ever read with a foreign / unwritten
+            provenance (allocated on the first such read)
+        attention: per sampled token, when the engine keeps probabilities (tests, small runs)"""
+
+    __slots__ = ("table", "slots", "foreign", "unwritten", "attention")
+
+    def __init__(self) -> None:
+        self.table: list[int] | None = None
+        self.slots: np.ndarray | None = None
+        self.foreign: np.ndarray | None = None
+        self.unwritten: np.ndarray | None = None
+        self.attention: list[dict] = []
+
+    def slots_of(self, block_table: list[int], bs: int) -> np.ndarray:
+        if self.table != block_table:
+            table = np.asarray(block_table, dtype=np.int64)
+            self.table, self.slots = list(block_table), (table[:, None] * bs + np.arange(bs)).ravel()
+        return self.slots
 
 
-def _track(seq, name: str, ctx: int, mask: np.ndarray) -> int:
-    """OR `mask` into the sequence's per-position record; return how many positions it holds."""
-    seen = getattr(seq, name)
+def _track(seen: np.ndarray | None, ctx: int, mask: np.ndarray) -> np.ndarray:
+    """OR `mask` into a per-position record, growing it (doubling) as the context grows."""
     if seen is None or len(seen) < ctx:
         grown = np.zeros(max(ctx, 2 * (0 if seen is None else len(seen))), dtype=bool)
         if seen is not None:
             grown[:len(seen)] = seen
         seen = grown
-        setattr(seq, name, seen)
     seen[:ctx] |= mask
-    return int(seen.sum())
+    return seen
 
 
 class PagedBackend:
-    def __init__(self, cache: PagedKVCache, batch: list[ScheduledSeq], *, mode: str, scale: float,
-                 capture: bool, keep: bool, device) -> None:
+    def __init__(self, cache: PagedKVCache, batch: list[ScheduledSeq], states: dict[int, SeqState],
+                 *, mode: str, scale: float, capture: bool, keep: bool, device) -> None:
         self.cache, self.mode, self.scale, self.capture, self.keep = cache, mode, scale, capture, keep
         bs = cache.block_size
         self.items, new_slots, row = [], [], 0
         for s in batch:
-            item = _Item(s, row)
+            item = _Item(s, row, states.setdefault(s.seq.seq_id, SeqState()))
             row += s.num_tokens
-            slots = _slots(s.seq, bs)[item.start:item.ctx]
+            slots = item.state.slots_of(s.seq.block_table, bs)[item.start:item.ctx]
             cache.record(slots, s.seq.fingerprints.values(item.start, item.ctx))
             new_slots.append(slots)
             self.items.append(item)
@@ -81,7 +97,7 @@ class PagedBackend:
         # additive: the kernel never touches the unwritten tail; multiply: whole blocks
         additive = self.mode == "additive"
         for it in self.items:
-            it.np_slots = _slots(it.sched.seq, bs)[:it.ctx if additive else -(-it.ctx // bs) * bs]
+            it.np_slots = it.state.slots[:it.ctx if additive else cdiv(it.ctx, bs) * bs]
         got = self.cache.ledger[np.concatenate([it.np_slots[:it.ctx] for it in self.items])]
         expected = np.concatenate([it.sched.seq.fingerprints.values(0, it.ctx) for it in self.items])
         mismatch = got != expected  # fingerprints are never UNWRITTEN, so this covers both
@@ -92,12 +108,14 @@ class PagedBackend:
             start, end = end, end + it.ctx
             bad = mismatch[start:end]
             if bad.any():
-                seq, g = it.sched.seq, got[start:end]
-                unwritten = g == UNWRITTEN
+                stats, state = it.sched.seq.stats, it.state
+                unwritten = got[start:end] == UNWRITTEN
                 if (bad & ~unwritten).any():
-                    seq.stats.foreign_slots = _track(seq, "foreign_seen", it.ctx, bad & ~unwritten)
+                    state.foreign = _track(state.foreign, it.ctx, bad & ~unwritten)
+                    stats.foreign_slots = int(state.foreign.sum())
                 if unwritten.any():
-                    seq.stats.unwritten_slots = _track(seq, "unwritten_seen", it.ctx, unwritten)
+                    state.unwritten = _track(state.unwritten, it.ctx, unwritten)
+                    stats.unwritten_slots = int(state.unwritten.sum())
             if self.capture:  # tail slots (multiply mode) are not ours either
                 it.np_bad = np.ones(len(it.np_slots), dtype=bool)
                 it.np_bad[:it.ctx] = bad
@@ -163,5 +181,5 @@ class PagedBackend:
             seq.stats.leakage_max = max(seq.stats.leakage_max, float(m.max()))
             seq.stats.leakage_tokens += 1
             if self.keep:  # probs [layers, H, slots read]; bad/slots per slot read
-                seq.attention.append({"probs": torch.stack(it.probs), "bad": it.np_bad,
+                it.state.attention.append({"probs": torch.stack(it.probs), "bad": it.np_bad,
                                       "slots": it.np_slots, "ctx": it.ctx})

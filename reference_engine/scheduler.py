@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from reference_engine.allocators.base import AllocateResult, BlockAllocator, NoFreeBlocks
 from reference_engine.sequence import Sequence, SequenceStatus
+from reference_engine.util import cdiv
 
 
 @dataclass
@@ -80,7 +81,7 @@ class Scheduler:
                 seq.first_admission = False
                 seq.stats.cached_tokens = match.num_cached_tokens
                 seq.stats.blocks_hit = len(match.block_ids)
-                seq.stats.blocks_needed = -(-seq.num_prompt_tokens // self.allocator.block_size)
+                seq.stats.blocks_needed = cdiv(seq.num_prompt_tokens, self.allocator.block_size)
             seq.stats.blocks_allocated += len(out.new_blocks[-1].new_block_ids)
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             out.scheduled.append(ScheduledSeq(seq, n))

@@ -1,13 +1,12 @@
 """One request: a prompt (the whole session history), its generated tokens, its block table
-and the statistics the engine keeps for it."""
+and the counters the engine keeps for it. Nothing else: the attention backend keeps its own
+per-sequence state (paged_backend.SeqState), keyed by seq_id."""
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
 from enum import Enum
-
-import numpy as np
 
 from reference_engine.kv_cache import Fingerprints
 
@@ -68,10 +67,6 @@ class Sequence:
         self.stats = RequestStats(prompt_tokens=self.num_prompt_tokens)
         self.fingerprints = Fingerprints(self.prompt_ids)
         self.first_admission = True
-        self.foreign_seen: np.ndarray | None = None  # bool per position, allocated on first read
-        self.unwritten_seen: np.ndarray | None = None
-        self.attention: list = []  # per generated token, when the engine keeps probabilities
-        self.slot_cache: tuple[list[int], np.ndarray] | None = None  # backend's: (table, slots)
 
     @property
     def output_ids(self) -> list[int]:
@@ -85,6 +80,14 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
+    def stop_reason(self, max_model_len: int) -> str | None:
+        """Why the token just appended ends the request ("stop", "length"), or None."""
+        if self.token_ids[-1] in self.stop_ids:
+            return "stop"
+        if len(self.output_ids) >= self.max_tokens or self.num_tokens >= max_model_len:
+            return "length"
+        return None
+
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
         self.fingerprints.append(token_id)
@@ -95,6 +98,5 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
         self.block_table = []
-        self.slot_cache = None
         self.num_cached_blocks = 0
         self.stats.preemptions += 1

@@ -30,7 +30,8 @@ from pathlib import Path
 import numpy as np
 
 from kvdiag.canary import design as D
-from kvdiag.canary.vocab import IM_END, IM_START, SINK, STOP, Vocab, token
+from kvdiag.canary.vocab import IM_END, IM_START, Vocab, token
+from kvdiag.facts.words import SINK, STOP
 
 DATA = Path(__file__).resolve().parent
 

@@ -38,7 +38,7 @@ def run(
 
     Example: kvdiag fleet run fleet.yaml --out reports/fleet-week48
     """
-    from kvdiag.commands.fleet import fleet_run
+    from kvdiag.fleet.run import fleet_run
 
     out = Output(as_json)
 

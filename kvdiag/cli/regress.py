@@ -131,7 +131,7 @@ def history(
     Example: kvdiag history --suite weekly --last 10
     """
     from kvdiag.regress import history as H
-    from kvdiag.report.terminal import history_records, history_table
+    from kvdiag.report.terminal_gates import history_records, history_table
 
     frame = H.runs(history_path, suite=suite, target=target, last=last)
     Output(as_json).show(history_records(frame),

@@ -48,7 +48,8 @@ def choose(engine: str, faults: list[str] | None, paths: list[str]) -> tuple[lis
         names = list(known)
     unknown = [n for n in names if n not in known and n != HEALTHY]
     if unknown:
-        raise KvdiagError(f"unknown {engine} fault {unknown[0]!r} (known: {', '.join(known)})")
+        shown = {"vllm": "vLLM", "sglang": "SGLang"}[engine]
+        raise KvdiagError(f"unknown {shown} fault {unknown[0]!r} (known: {', '.join(known)})")
     bad = [p for p in paths if p not in PATHS]
     if bad or not paths:
         raise KvdiagError(f"--paths {','.join(paths)}: expected audit, live or both")

@@ -78,12 +78,13 @@ def audit_isolation(base_url: str, model: str, api_key: str | None, plan: Isolat
             with progress("isolation") as update:
                 result = run_isolation(ep, plan, block_size=block_size, progress=lambda done, total:
                                        update(completed=done, total=total))
-            label = model_label or ep.model_label()
+            label, who = model_label or ep.model_label(), ep.identity()
         finally:
             ep.sync.close()
         verdict = judge_isolation(result.cells, result.plan["lengths"], result.error)
         summary = IsolationSummary(**isolation_fields(result, verdict, base_url=base_url,
-                                                      model=model, model_label=label))
+                                                      model=model, model_label=label,
+                                                      engine=f"{who['name']}-{who['version']}"))
         frame = pd.DataFrame(result.rows, columns=ROW_COLUMNS)
         done = finish_run(RunResult("isolation", frame, summary,
                                     extra={"isolation": result, "judgement": verdict}), run, timer)
@@ -93,10 +94,10 @@ def audit_isolation(base_url: str, model: str, api_key: str | None, plan: Isolat
 
 
 def isolation_fields(result: IsolationResult, verdict: Judgement, *, base_url: str, model: str,
-                     model_label: str) -> dict:
+                     model_label: str, engine: str = "endpoint") -> dict:
     """IsolationSummary's fields: the shared ones (signature, suite, verdict, rounds) plus the
     `isolation` block the renderer reads."""
-    sig = Signature(engine="endpoint", allocators=("isolation",),
+    sig = Signature(engine=engine, allocators=("isolation",),
                     block_size=result.server["block_size"], model=model_label, suite="isolation",
                     seed=result.plan["seed"])
     exposure = [c for c in result.cells if c["config"] == "no-salt"]

@@ -43,7 +43,9 @@ def summary_fields(run: ProbeRun, suite: Suite, verdict: Judgement, *, model_lab
 
     metrics = summarize(run.frame, baseline=None)  # a live server has no guarded series
     target = run.frame["target"].iloc[0] if len(run.frame) else ""
-    signature = Signature(engine=f"endpoint:{target}", allocators=(SHARED, ISOLATED),
+    where = target_spec or target  # a target kvdiag started is named by its spec, not its port
+    signature = Signature(engine=f"{run.engine['name']}-{run.engine['version']}@{where}",
+                          allocators=(SHARED, ISOLATED),
                           block_size=run.server.block_size, model=model_label or run.model_label,
                           suite=suite.name, seed=suite.seed)
     return metrics | {

@@ -2,7 +2,7 @@
 under each allocator.
 
     plan     allocator names, cases and model checked before any work; the run directory
-    measure  kvdiag.runners.reference.suite.run_suite: records, engine log, recycling
+    measure  kvdiag.runners.suite.run_suite: records, engine log, recycling
     judge    kvdiag.verdicts.judge_reference
     finish   ReproduceSummary, kvdiag.lifecycle.finish_run
 """
@@ -16,7 +16,7 @@ from kvdiag.errors import KvdiagError
 from kvdiag.lifecycle import finish_run, no_progress
 from kvdiag.paths import CANARY
 from kvdiag.results import RunResult, Signature, model_label
-from kvdiag.runners.reference.suite import SuiteRun, run_suite, total_requests
+from kvdiag.runners.suite import SuiteRun, run_suite, total_requests
 from kvdiag.suites import Case, Suite, load_cases, names
 from kvdiag.summary import ReproduceSummary
 from kvdiag.targets import check_allocator

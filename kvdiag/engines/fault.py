@@ -24,7 +24,10 @@ a run that catches it gives:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from kvdiag.errors import KvdiagError
 
 CORRUPTS_OUTPUT = "corrupts output"
 BREAKS_ISOLATION = "breaks isolation"
@@ -49,3 +52,13 @@ class Fault:
     def adapter(self) -> bool:
         """Whether its live run needs the server to serve the canary's adapter."""
         return self.live.endswith("-adapter")
+
+
+def check_name(engine: str, catalog: Mapping[str, Fault], name: str | None) -> str | None:
+    """A fault name of that engine's catalog, or None for none; an unknown name raises
+    KvdiagError (exit 2) listing the known ones."""
+    if not name:
+        return None
+    if name not in catalog:
+        raise KvdiagError(f"unknown {engine} fault {name!r} (known: {', '.join(catalog)})")
+    return name

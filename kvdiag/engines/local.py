@@ -14,10 +14,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvdiag.errors import KvdiagError
-from kvdiag.targets import Target
 from reference_engine.util import cdiv
+
+if TYPE_CHECKING:  # engines sit below targets, which check fault names against their catalogs
+    from kvdiag.targets import Target
 
 LOGS = {"vllm": "vllm.log", "sglang": "sglang.log"}  # a local engine's log, in its run directory
 

@@ -17,43 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kvdiag.facts.knowledge import Fact, KnowledgeBase
-from kvdiag.facts.styles import SHIMS, STYLES, Line, renderer
-
-CANARY_SUFFIX = 3  # canary template tokens after the user content: <|im_end|><|im_start|>assistant
-GAP = 2  # filler words between two stated items (keeps canary keys >= 5 tokens apart)
-
-
-@dataclass(frozen=True)
-class Round:
-    user: str
-    expected: str
-    kind: str  # "question" or "recite"
-    asked: tuple[Fact, ...]
-    stated: tuple[Fact, ...]
-    stated_offsets: tuple[int, ...] = ()  # canary: token offset of each stated fact's key in the prompt
-
-
-@dataclass(frozen=True)
-class Session:
-    session_id: str
-    style: str
-    kb: KnowledgeBase
-    rounds: tuple[Round, ...]
-    system: str | None = None
-
-    def messages(self, round_index: int, answers: Sequence[str] | None = None) -> list[dict]:
-        """Chat messages of round `round_index`'s request (0-based): system (if any), then for
-        each earlier round its user message and its assistant answer (answers[i] if given,
-        else rounds[i].expected), then this round's user message."""
-        if not 0 <= round_index < len(self.rounds):
-            raise IndexError(f"round {round_index} of a {len(self.rounds)}-round session")
-        msgs = [{"role": "system", "content": self.system}] if self.system else []
-        for i, rnd in enumerate(self.rounds[:round_index]):
-            answer = answers[i] if answers is not None and i < len(answers) else rnd.expected
-            msgs += [{"role": "user", "content": rnd.user}, {"role": "assistant", "content": answer}]
-        msgs.append({"role": "user", "content": self.rounds[round_index].user})
-        return msgs
-
+from kvdiag.facts.layout import GAP, _TooLong, fit_natural, layout, tokens_per_word
+from kvdiag.facts.rounds import Round, Session
+from kvdiag.facts.styles import STYLES, Line, renderer
 
 # planner(round, shortest feasible prompt, tokens the answer will generate) -> prompt length
 Planner = Callable[[int, int, int], int]
@@ -158,15 +124,15 @@ def _build_round(plan: SessionPlan, st: _State, rounds: list[Round], r: int, tar
     must = asked[0] if kind == "question" else None
     for attempt in range(6):  # natural: fewer items per attempt until they fit
         if style == "natural" and st.tokens_per_word is None:
-            st.tokens_per_word = _tokens_per_word(st.rend, plan.count_tokens)
+            st.tokens_per_word = tokens_per_word(st.rend, plan.count_tokens)
         cost = 1.0 if style == "canary" else st.tokens_per_word * 1.5 ** attempt
-        words, stated, offsets, line, next_marker = _layout(
+        words, stated, offsets, line, next_marker = layout(
             plan, st, r, new, request, room=target - empty, empty=empty, must_state=must, cost=cost)
         rnd = Round(" ".join(words), expected, kind, asked, tuple(stated), tuple(offsets))
         if style == "canary":
             break
         try:
-            rnd = _fit_natural(plan, st, r, rnd, len(request), rounds, target)
+            rnd = fit_natural(plan, st, r, rnd, len(request), rounds, target)
             break
         except _TooLong:
             if attempt == 5:
@@ -235,88 +201,3 @@ def _next_fits(plan: SessionPlan, partial: Session, r: int, words, expected: str
     now = plan.count_tokens(plan.session((*partial.rounds[:r], this)).messages(r))
     probe = plan.session((*partial.rounds[:r], this, Round("x x", "", "question", (), ())))
     return plan.count_tokens(probe.messages(r + 1)) + (target - now) <= nxt
-
-
-def _layout(plan: SessionPlan, st: _State, r: int, new: list[Fact], request: list[str], *,
-            room: int, empty: int, must_state: Fact | None, cost: float):
-    """User message words: facts (block-aligned in canary style), maybe a line, filler (canary),
-    request, within `room` tokens (`cost` tokens a word). Returns (words, stated facts, their
-    key offsets, the line added or None, the next free line marker)."""
-    rend, style, block_size = st.rend, plan.style, plan.block_size
-    words: list[str] = []
-    stated, offsets, added, next_marker = [], [], None, st.next_marker
-    start = empty - CANARY_SUFFIX  # canary: prompt offset of the first content word
-    budget = int(room / cost) - len(request)  # in words; canary: a word is a token
-    for f in new:
-        fw = rend.fact(f)
-        pad = GAP if words and style == "canary" else 0
-        if style == "canary":  # key at a block start when the budget allows
-            align = (-(start + len(words) + pad)) % block_size
-            if len(words) + pad + align + len(fw) + GAP <= budget:
-                pad += align
-        if len(words) + pad + len(fw) + GAP > budget:
-            if f is must_state:
-                raise ValueError(f"round {r}: no room to state the fact it asks about")
-            continue
-        words += rend.filler(st.rng, pad, words) + fw
-        offsets.append(start + len(words) - len(fw))
-        stated.append(f)
-    left = budget - len(words) - GAP
-    if left >= 10 + GAP + 2 and st.rng.random() < 0.7:
-        span = st.rng.randint(10, min(40, left - GAP - 2))
-        line, nm = rend.line(st.rng, span, st.next_marker)
-        if len(line.words) + GAP <= left:
-            words += rend.filler(st.rng, GAP if words and style == "canary" else 0, words) + list(line.words)
-            added, next_marker = line, nm
-    if style == "canary":
-        words += rend.filler(st.rng, budget - len(words), words)
-    return words + list(request), stated, offsets if style == "canary" else [], added, next_marker
-
-
-def _tokens_per_word(rend, count_tokens) -> float:
-    """Natural style: tokens a filler word costs with this tokenizer."""
-    words = rend.filler(random.Random(0), 60, [])
-    base = count_tokens([{"role": "user", "content": "x"}])
-    return max(1.0, (count_tokens([{"role": "user", "content": " ".join(words)}]) - base) / 59)
-
-
-class _TooLong(ValueError):
-    pass
-
-
-def _fit_natural(plan: SessionPlan, st: _State, r: int, rnd: Round, n_request: int,
-                 rounds: list[Round], target: int) -> Round:
-    """Natural style: add filler words before the request one by one until the count is
-    exact; on overshooting, try a short word instead of the last one."""
-    from kvdiag.facts.styles import english_sentence
-
-    words = rnd.user.split()
-    body, req = words[:-n_request], words[-n_request:]
-
-    def count(extra: list[str]) -> int:
-        probe = Round(" ".join(body + extra + req), rnd.expected, rnd.kind, rnd.asked, rnd.stated)
-        return plan.count_tokens(plan.session((*rounds, probe)).messages(r))
-
-    extra: list[str] = []
-    pool: list[str] = []
-    c = count(extra)
-    if c > target:
-        raise _TooLong(f"round {r}: {c} tokens before filler, more than {target}")
-    for _ in range(4 * target):
-        if c == target:
-            return Round(" ".join(body + extra + req), rnd.expected, rnd.kind, rnd.asked, rnd.stated)
-        if c < target:
-            pool = pool or english_sentence(st.rng)
-            extra.append(pool.pop(0))
-            c = count(extra)
-            continue
-        extra.pop()
-        for shim in SHIMS:
-            if count([*extra, shim]) <= target:
-                extra.append(shim)
-                break
-        else:
-            break
-        c = count(extra)
-    raise ValueError(f"round {r}: cannot reach exactly prompt_lengths[{r}] = {target} tokens "
-                     f"with this tokenizer")

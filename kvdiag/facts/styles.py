@@ -33,7 +33,7 @@ class CanaryRenderer:
     record_min = 3
 
     def __init__(self) -> None:
-        from kvdiag.canary.vocab import ASK, FILLER_WORDS, MARKERS, RECITE, STOP
+        from kvdiag.facts.words import ASK, FILLER_WORDS, MARKERS, RECITE, STOP
 
         self.ask, self.recite, self.stop = ASK, RECITE, STOP
         self.filler_words, self.markers = FILLER_WORDS, MARKERS

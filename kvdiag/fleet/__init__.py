@@ -5,4 +5,7 @@ that measures; the driver alone records (run directories, history, baselines).
     cell.py     what one Ray task runs: the measurement of one cell, returned as data
     driver.py   the Ray driver: submit, time limits, retries, record, resume
     page.py     the fleet's HTML page: targets x (suite, case), trend per target
+    run.py      `kvdiag fleet run` start to finish, and its FleetResult
+
+The fleet sits above the command layer: each cell is a regress run (kvdiag.commands).
 """

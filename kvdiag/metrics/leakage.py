@@ -9,23 +9,12 @@ cache leaks exactly 0.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from kvdiag.metrics.base import Metric, nan_max, nan_mean, register
 
 if TYPE_CHECKING:
     from pandas import DataFrame
-
-
-class Leakage(NamedTuple):
-    mean: float  # NaN when no record captured attention
-    max: float
-
-
-def aggregate_leakage(means: Iterable[float], maxima: Iterable[float]) -> Leakage:
-    """Mean of per-record means and max of per-record maxima, ignoring NaN records."""
-    return Leakage(nan_mean(means), nan_max(maxima))
 
 
 @register

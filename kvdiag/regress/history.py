@@ -23,7 +23,7 @@ from kvdiag.errors import KvdiagError
 
 SCHEMA = 3
 DEFAULT_PATH = Path("reports/history.sqlite")
-# Test hook, for tests/kvdiag/test_regress.py only: when set to a file path, append() creates
+# Test hook, for tests/kvdiag/commands/test_regress.py only: when set to a file path, append() creates
 # that file inside its open transaction and sleeps, so a test can SIGKILL the process mid-write.
 PAUSE_ENV = "KVDIAG_TEST_HISTORY_PAUSE"
 

@@ -1,5 +1,6 @@
-"""The isolation audit's HTML: per configuration, an inline-SVG plot of the timing AUC and the
-share of the prefix served from cache against prefix length, and a table of every cell.
+"""The isolation audit's HTML: per configuration, a matplotlib plot (inline SVG) of the timing
+AUC and the share of the prefix served from cache against prefix length, and a table of
+every cell.
 
 `fragment(summary)` returns a <section> to embed in a run page; `page(summary)` wraps it in
 a self-contained page (the same inline style as kvdiag.report.html, no scripts, nothing
@@ -8,7 +9,6 @@ loaded from anywhere). Both read only summary.json's `isolation` block.
 
 from __future__ import annotations
 
-import math
 from html import escape
 
 from kvdiag.report.style import CSS as _CSS
@@ -19,7 +19,6 @@ TITLES = {
     "same-salt": "Same salt for both tenants (positive control: must hit)",
     "adapter": "Salt equal to another tenant's adapter name (judged; vLLM #44701)",
 }
-W, H, L, R, T, B = 460, 250, 52, 16, 34, 40  # plot size and margins, px (legend in the top one)
 
 
 def fragment(summary: dict) -> str:
@@ -56,43 +55,34 @@ def page(summary: dict) -> str:
 
 
 def plot(rows: list[dict], prefix: str) -> str:
-    """An SVG of AUC and cached share (y in [0, 1]) against log2(prefix length)."""
-    xs = [math.log2(r["length"]) for r in rows]
-    lo, hi = (min(xs), max(xs)) if xs else (0.0, 1.0)
-    span = hi - lo or 1.0
+    """AUC and cached share (y in [0, 1]) against prefix length (log2 axis), drawn by
+    matplotlib like every other plot of a run (kvdiag.report.plots), hover titles included."""
+    from kvdiag.report.plots import RC, hover_targets, pyplot, svg
 
-    def px(x: float) -> float:
-        return L + (x - lo) / span * (W - L - R) if hi > lo else (L + W - R) / 2
-
-    def py(y: float) -> float:
-        return T + (1 - y) * (H - T - B)
-
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {H}" width="{W}" height="{H}" '
-           f'role="img" aria-label="AUC per prefix length, {escape(prefix)}" font-size="11" '
-           'font-family="DejaVu Sans, sans-serif">']
-    for y in (0, 0.25, 0.5, 0.75, 1.0):
-        dash = ' stroke-dasharray="4 3"' if y == 0.5 else ""
-        out.append(f'<line x1="{L}" x2="{W - R}" y1="{py(y):.1f}" y2="{py(y):.1f}" '
-                   f'stroke="#bbb"{dash}/><text x="{L - 6}" y="{py(y) + 4:.1f}" text-anchor="end">{y:g}</text>')
-    for r, x in zip(rows, xs):
-        out.append(f'<text x="{px(x):.1f}" y="{H - B + 16}" text-anchor="middle">{r["length"]}</text>')
-    out.append(f'<text x="{(L + W - R) / 2}" y="{H - 6}" text-anchor="middle">prefix length (tokens)</text>')
-    for key, colour, shape in (("auc", "#0072B2", "circle"), ("cached_share", "#D55E00", "rect")):
-        pts = [(px(x), py(_value(r, key))) for r, x in zip(rows, xs)]
-        if len(pts) > 1:
-            out.append('<polyline fill="none" stroke-width="1.5" stroke="{}" points="{}"/>'.format(
-                colour, " ".join(f"{a:.1f},{b:.1f}" for a, b in pts)))
-        for (a, b), r in zip(pts, rows):
-            if shape == "circle":
-                out.append(f'<circle cx="{a:.1f}" cy="{b:.1f}" r="4" fill="{colour}"/>')
-            else:
-                out.append(f'<rect x="{a - 3.5:.1f}" y="{b - 3.5:.1f}" width="7" height="7" fill="{colour}"/>')
-            if key == "auc" and r.get("leaks"):
-                out.append(f'<circle cx="{a:.1f}" cy="{b:.1f}" r="8" fill="none" stroke="#c0392b" stroke-width="2"/>')
-    out.append(f'<text x="{L}" y="14" fill="#0072B2">● AUC (correct vs wrong TTFT)</text>'
-               f'<text x="{L + 220}" y="14" fill="#D55E00">■ cached share of the prefix</text>')
-    out.append("</svg>")
-    return "".join(out)
+    plt = pyplot()
+    lengths = [r["length"] for r in rows]
+    hover: dict[str, list[str]] = {}
+    with plt.rc_context(RC):
+        fig, ax = plt.subplots(figsize=(4.8, 2.6))
+        ax.axhline(0.5, color="#9a9a9a", linestyle="--", linewidth=1)
+        for key, colour, marker, label in (("auc", "#0072B2", "o", "AUC (correct vs wrong TTFT)"),
+                                            ("cached_share", "#D55E00", "s", "cached share of the prefix")):
+            ys = [_value(r, key) for r in rows]
+            ax.plot(lengths, ys, color=colour, marker=marker, markersize=5, linewidth=1.5, label=label)
+            hover_targets(ax, lengths, ys, hover, lambda x, y, k=key: f"{prefix} · {int(x)} tokens · {k}: {y:.3g}")
+        leaks = [(r["length"], _value(r, "auc")) for r in rows if r.get("leaks")]
+        if leaks:
+            ax.plot(*zip(*leaks), linestyle="none", marker="o", markersize=13, markerfacecolor="none",
+                    markeredgecolor="#c0392b", markeredgewidth=2, label="leaking cell")
+        if lengths:
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(lengths, [str(n) for n in lengths])
+            ax.minorticks_off()
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_xlabel("prefix length (tokens)")
+        ax.legend(frameon=False, fontsize=7, loc="lower right")
+        fig.tight_layout()
+        return svg(fig, f"iso-{prefix}", hover)
 
 
 def _value(row: dict, key: str) -> float:

@@ -32,7 +32,7 @@ PANELS = (  # column, y label, y limits (None: from data)
     ("attention_leakage", "attention leakage (mean)", None),
     ("block_reuse_rate", "block reuse rate", (-0.03, 1.03)),
 )
-_RC = {"svg.fonttype": "none", "svg.hashsalt": "kvdiag", "font.size": 9,
+RC = {"svg.fonttype": "none", "svg.hashsalt": "kvdiag", "font.size": 9,
        "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
        "grid.alpha": 0.3, "font.family": ["DejaVu Sans", "sans-serif"]}
 
@@ -58,11 +58,11 @@ def decay_curves(table: DataFrame, departures: Mapping[str, int | None], title: 
     `table`: per-round rows of one case with a `series` column; `departures`: series ->
     first round whose output departs from the reference (None: never).
     """
-    plt = _pyplot()
+    plt = pyplot()
     names = list(dict.fromkeys(table["series"]))
     style = colours(names)
     hover: dict[str, list[str]] = {}
-    with plt.rc_context(_RC):
+    with plt.rc_context(RC):
         fig, axes = plt.subplots(2, 2, figsize=(10, 6.4), sharex=True)
         for ax, (column, label, ylim) in zip(axes.flat, PANELS):
             for name in names:
@@ -70,7 +70,7 @@ def decay_curves(table: DataFrame, departures: Mapping[str, int | None], title: 
                     continue
                 rows = table[table["series"] == name].sort_values("round")
                 _line(ax, rows["round"], rows[column], name, style[name])
-                _hover(ax, rows["round"], rows[column], hover,
+                hover_targets(ax, rows["round"], rows[column], hover,
                        lambda x, y, n=name, lab=label: f"{n} · round {x:g} · {lab}: {y:.4g}")
                 r = departures.get(name)
                 if r is not None and name not in REFERENCES:
@@ -98,7 +98,7 @@ def decay_curves(table: DataFrame, departures: Mapping[str, int | None], title: 
                    frameon=False, fontsize=9)
         fig.suptitle(title, x=0.01, ha="left", fontsize=11)
         fig.tight_layout(rect=(0, 0.04 + 0.035 * math.ceil(len(handles) / 4), 1, 0.96))
-        return _svg(fig, prefix, hover)
+        return svg(fig, prefix, hover)
 
 
 def heatmap(grids: Mapping[str, DataFrame], measure: str) -> str:
@@ -107,10 +107,10 @@ def heatmap(grids: Mapping[str, DataFrame], measure: str) -> str:
     `grids`: series -> DataFrame indexed by session, columns rounds; `measure` labels the
     colour bar ("attention leakage" or "diverged share of output tokens").
     """
-    plt = _pyplot()
+    plt = pyplot()
     values = [v for g in grids.values() for v in g.to_numpy(dtype=float).ravel() if v == v]
     top = max([*values, 1e-9])  # v == v drops NaN
-    with plt.rc_context({**_RC, "axes.grid": False}):
+    with plt.rc_context({**RC, "axes.grid": False}):
         n = len(grids)
         rows = max(len(g) for g in grids.values())
         fig, axes = plt.subplots(1, n, figsize=(min(4.2 * n, 14) + 1, 1.2 + 0.22 * rows),
@@ -125,7 +125,7 @@ def heatmap(grids: Mapping[str, DataFrame], measure: str) -> str:
             ax.set_xlabel("round")
             ax.set_ylabel("session")
         fig.colorbar(image, ax=list(axes[0]), label=measure, shrink=0.9)
-        return _svg(fig, "heat")
+        return svg(fig, "heat")
 
 
 def trend(history: DataFrame) -> str:
@@ -133,7 +133,7 @@ def trend(history: DataFrame) -> str:
     from kvdiag.metrics.decay import SQDR_ALERT, SQDR_HEALTHY
     from kvdiag.vocab import BRAI_MAX
 
-    plt = _pyplot()
+    plt = pyplot()
     history = history.sort_values("created")
     key = "run_id" if "run_id" in history.columns else "created"
     runs = list(dict.fromkeys(history[key]))  # x: one position per run, oldest first
@@ -142,7 +142,7 @@ def trend(history: DataFrame) -> str:
     names = list(dict.fromkeys(history["target"]))
     style = colours(names)
     hover: dict[str, list[str]] = {}
-    with plt.rc_context(_RC):
+    with plt.rc_context(RC):
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
         for ax, column, lines in ((axes[0], "sqdr", ((SQDR_HEALTHY, "healthy", "#009E73"),
                                                      (SQDR_ALERT, "alert", "#D55E00"))),
@@ -150,7 +150,7 @@ def trend(history: DataFrame) -> str:
             for name in names:
                 rows = history[history["target"] == name]
                 _line(ax, rows["x"], rows[column], name, style[name])
-                _hover(ax, rows["x"], rows[column], hover,
+                hover_targets(ax, rows["x"], rows[column], hover,
                        lambda x, y, n=name, c=column: f"{n} · {created[runs[int(x)]]} · "
                                                       f"{c.upper()}: {y:.4g}")
                 failed = rows[rows["verdict"].astype(str).str.lower() == "fail"]
@@ -167,10 +167,10 @@ def trend(history: DataFrame) -> str:
             ax.set_title(f"{column.upper()} over runs (x: failed run)", loc="left", fontsize=10)
         axes[0].legend(frameon=False, fontsize=8)
         fig.tight_layout()
-        return _svg(fig, "trend", hover)
+        return svg(fig, "trend", hover)
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -189,7 +189,7 @@ def _line(ax, x, y, name: str, style: tuple[str, str]) -> None:
                 zorder=2)
 
 
-def _hover(ax, x, y, hover: dict[str, list[str]], title) -> None:
+def hover_targets(ax, x, y, hover: dict[str, list[str]], title) -> None:
     """Invisible hit targets on every finite point, one `<title>` each (added by _svg)."""
     gid = f"hover-{len(hover)}"
     points = [(float(a), float(b)) for a, b in zip(x, y) if b is not None and not math.isnan(float(b))]
@@ -234,7 +234,7 @@ def _handle(plt, name: str, style: tuple[str, str], departs: int | None):
     return Line2D([], [], color=colour, marker=marker, linewidth=1.8, label=f"{name}: {note}")
 
 
-def _svg(fig, prefix: str, hover: Mapping[str, list[str]] | None = None) -> str:
+def svg(fig, prefix: str, hover: Mapping[str, list[str]] | None = None) -> str:
     """The figure as one <svg> element, ids prefixed to stay unique on a shared page, hover
     titles added (see _titled)."""
     import matplotlib.pyplot as plt

@@ -147,6 +147,8 @@ class PrefixCachingAllocator(BlockAllocator):
       None; it takes no reference and changes nothing.
     - `drop_hash(block_hash)` removes that entry (nothing if absent), so later lookups miss
       it; the block's K/V and references are untouched.
+    - `block_generation(block_id)` counts the times the block was handed out for new K/V:
+      the one generation counter, which the guard reads rather than keeping its own.
     """
 
     @abstractmethod
@@ -154,3 +156,6 @@ class PrefixCachingAllocator(BlockAllocator):
 
     @abstractmethod
     def drop_hash(self, block_hash: bytes) -> None: ...
+
+    @abstractmethod
+    def block_generation(self, block_id: int) -> int: ...

@@ -4,7 +4,8 @@ This guard is kvdiag's own design, not vLLM code: vLLM has no "SequenceGuard". v
 its prefix cache correct by evicting a block's hash entry when the block is recycled, and
 (0.17.1, PR #35219) by zeroing newly allocated blocks. The guard is a belt over both:
 
-- every allocation stamps the block with a new 64-bit generation;
+- every allocation of a block bumps its generation (the inner allocator's own counter,
+  `block_generation`: there is one generation per block, not two that could disagree);
 - every hash entry and block-table entry records the generation it was made under;
 - when a block is recycled, every hash entry recorded under its old generation is dropped
   (one the inner allocator failed to evict counts as a guard rejection);
@@ -21,9 +22,7 @@ The guard wraps a PrefixCachingAllocator: it reads single hash entries
 (`cached_block_id`) and drops the ones it proves stale (`drop_hash`). It refuses any other
 inner allocator with a TypeError, and a guard cannot wrap a guard.
 
-State, all of it (besides `inner`, whose state is its own):
-    generation          list[int]                  per block: stamp of its latest allocation
-    _next_generation    int                        the next stamp to hand out
+State, all of it (besides `inner`, whose state, block generations included, is its own):
     entry_generation    dict[bytes, (int, int)]    hash -> (block, generation) when cached
     block_entries       dict[int, set[bytes]]      block -> hashes recorded on it
     table_generations   dict[int, (Sequence, list[int])]  seq id -> its block table's
@@ -60,8 +59,6 @@ class SequenceGuard(BlockAllocator):
         self.inner = inner
         self.name = name or f"guarded:{inner.name}"
         self.attention_mask = inner.attention_mask
-        self.generation = [0] * inner.num_blocks
-        self._next_generation = 1
         self.entry_generation: dict[bytes, tuple[int, int]] = {}  # hash -> (block, generation)
         self.block_entries: dict[int, set[bytes]] = defaultdict(set)  # block -> hashes on it
         self.table_generations: dict[int, tuple[Sequence, list[int]]] = {}
@@ -78,7 +75,7 @@ class SequenceGuard(BlockAllocator):
         match = self.inner.lookup(seq)
         for i, block_id in enumerate(match.block_ids):
             h = seq.block_hashes[i]
-            if self.entry_generation.get(h) != (block_id, self.generation[block_id]):
+            if self.entry_generation.get(h) != (block_id, self.inner.block_generation(block_id)):
                 self._reject(h, seq)  # stale: drop it, recompute from here
                 return MatchResult(match.block_ids[:i], i * self.block_size)
         return match
@@ -100,7 +97,7 @@ class SequenceGuard(BlockAllocator):
         for i in range(start, seq.num_cached_blocks):
             h, block_id = seq.block_hashes[i], seq.block_table[i]
             if self.inner.cached_block_id(h) == block_id and h not in self.entry_generation:
-                self.entry_generation[h] = (block_id, self.generation[block_id])
+                self.entry_generation[h] = (block_id, self.inner.block_generation(block_id))
                 self.block_entries[block_id].add(h)
 
     def free(self, seq: Sequence) -> None:
@@ -120,9 +117,8 @@ class SequenceGuard(BlockAllocator):
                 self.entry_generation.pop(h, None)
                 if self.inner.cached_block_id(h) == block_id:
                     self._reject(h, seq)
-            self.generation[block_id] = self._next_generation
-            self._next_generation += 1
-        self.table_generations[seq.seq_id] = (seq, [self.generation[b] for b in seq.block_table])
+        gens = [self.inner.block_generation(b) for b in seq.block_table]
+        self.table_generations[seq.seq_id] = (seq, gens)
         return result
 
     def _reject(self, h: bytes, seq: Sequence) -> None:
@@ -137,13 +133,13 @@ class SequenceGuard(BlockAllocator):
         self.inner.check_integrity()
         for h, (block_id, gen) in self.entry_generation.items():
             now = self.inner.cached_block_id(h)
-            if gen != self.generation[block_id] or now != block_id:
+            if gen != self.inner.block_generation(block_id) or now != block_id:
                 raise IntegrityError(
                     f"hash entry {h.hex()[:12]} recorded block {block_id} at generation {gen}; "
-                    f"block is at generation {self.generation[block_id]}, table says {now}"
+                    f"block is at generation {self.inner.block_generation(block_id)}, table says {now}"
                 )
         for seq, gens in self.table_generations.values():
-            now = [self.generation[b] for b in seq.block_table]
+            now = [self.inner.block_generation(b) for b in seq.block_table]
             if seq.block_table and now != gens:
                 bad = next(i for i, (a, b) in enumerate(zip(gens, now)) if a != b)
                 raise IntegrityError(

@@ -28,6 +28,7 @@ from reference_engine.allocators.base import (
 )
 from reference_engine.errors import IntegrityError
 from reference_engine.sequence import Sequence
+from reference_engine.util import cdiv
 
 
 @dataclass
@@ -77,7 +78,7 @@ class PrefixCacheAllocator(PrefixCachingAllocator):
 
     # --- allocation --------------------------------------------------------------------
     def num_new_blocks(self, seq: Sequence, match: MatchResult) -> int:
-        return -(-seq.num_tokens // self.block_size) - len(match.block_ids)
+        return cdiv(seq.num_tokens, self.block_size) - len(match.block_ids)
 
     def can_allocate(self, seq: Sequence, match: MatchResult) -> bool:
         # Touching a hit block that sits in the free queue takes it out of the queue.
@@ -151,6 +152,9 @@ class PrefixCacheAllocator(PrefixCachingAllocator):
 
     def cached_block_id(self, block_hash: bytes) -> int | None:
         return self.hash_to_block_id.get(block_hash)
+
+    def block_generation(self, block_id: int) -> int:
+        return self.blocks[block_id].generation
 
     def drop_hash(self, block_hash: bytes) -> None:
         """Remove one hash entry (the guard's purge of an entry it proved stale)."""

@@ -144,15 +144,12 @@ class AsyncEngine:
                 self._active.clear()
                 self.engine.scheduler.waiting.clear()
                 self.engine.scheduler.running.clear()
+                self.engine.seq_states.clear()
                 continue
             self._publish(finished)
 
     def _drain_inbox(self) -> None:
-        while True:
-            try:
-                sub = self._inbox.get_nowait()
-            except queue.Empty:
-                return
+        for sub in _drained(self._inbox):
             if sub.aborted:  # gone before it reached the engine
                 self.num_aborted += 1
                 continue
@@ -167,11 +164,7 @@ class AsyncEngine:
             self._active[sub.seq] = sub
 
     def _drain_aborts(self) -> None:
-        while True:
-            try:
-                sub = self._aborts.get_nowait()
-            except queue.Empty:
-                return
+        for sub in _drained(self._aborts):
             if sub.seq is not None and self._active.pop(sub.seq, None) is not None:
                 with self.lock:
                     self.engine.abort_request(sub.seq)
@@ -196,3 +189,12 @@ class AsyncEngine:
             if sub is not None:
                 self.foreign_slots_total += seq.stats.foreign_slots
                 sub.loop.call_soon_threadsafe(sub.events.put_nowait, seq)
+
+
+def _drained(q: queue.Queue):
+    """What `q` holds now, without waiting."""
+    while True:
+        try:
+            yield q.get_nowait()
+        except queue.Empty:
+            return

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from kvdiag.cli import app
 from kvdiag.paths import REPO_ROOT
+from tests.kvdiag.commands.test_regress import TINY
 from tests.kvdiag.serving import served
-from tests.kvdiag.test_regress import TINY
 
 CAPSH = shutil.which("capsh")
 needs_capsh = pytest.mark.skipif(CAPSH is None or os.geteuid() != 0,

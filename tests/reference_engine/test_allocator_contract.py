@@ -41,7 +41,22 @@ def test_every_listed_name_creates_the_allocator_it_names():
         assert alloc.name == allocators.canonical_name(name)
         assert alloc.num_blocks == 8 and alloc.num_free_blocks == 8
         alloc.check_integrity()
-    assert set(allocators._BUILTINS) <= set(allocators._REGISTRY)  # the static table is honest
+
+def test_one_table_names_every_allocator_class():
+    """Every concrete allocator class in the package is reachable by the one name table."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    from reference_engine.allocators.base import BlockAllocator
+
+    named = {type(allocators.create(n, 8, 4)) for n in allocators.ALLOCATORS}
+    for mod in pkgutil.iter_modules(allocators.__path__):
+        module = importlib.import_module(f"reference_engine.allocators.{mod.name}")
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, BlockAllocator) and not inspect.isabstract(cls) \
+                    and cls.__module__ == module.__name__:
+                assert cls in named, f"{cls.__name__} is not in allocators.ALLOCATORS"
 
 
 def test_guard_refuses_an_allocator_without_a_prefix_cache_table():
@@ -76,12 +91,15 @@ def test_refused_allocate_changes_nothing_in_the_stale_hash_allocator():
     assert big.block_table == []
 
 
-def test_allocators_do_not_touch_the_backend_slot_cache():
+def test_a_sequence_keeps_tokens_table_and_counters_only():
+    """nano-vllm's rule: the attention backend's per-sequence state lives in the backend,
+    keyed by seq_id, and no allocator hangs anything of its own on a sequence."""
     seq = Sequence(list(range(1, 10)), max_tokens=1)
-    marker = ([99], None)
-    seq.slot_cache = marker
-    for name in ("prefix-cache", "stale-hash", "guarded"):
+    fields = set(vars(seq))
+    assert not fields & {"slot_cache", "foreign_seen", "unwritten_seen", "attention"}
+    for name in allocators.ALLOCATORS:
         alloc = allocators.create(name, num_blocks=8, block_size=4)
         alloc.allocate(seq, MatchResult([], 0))
+        alloc.cache_full_blocks(seq, seq.num_tokens)
         alloc.free(seq)
-        assert seq.slot_cache is marker
+        assert set(vars(seq)) == fields, name

@@ -117,17 +117,17 @@ def test_leakage_equals_attention_mass_on_a_planted_foreign_block(tiny_ckpt):
     for t in (*engine.cache.k, *engine.cache.v):
         t[victim] = t[donor]
     engine.cache.ledger[victim * bs:(victim + 1) * bs] = engine.cache.ledger[donor * bs:(donor + 1) * bs]
-    seq.attention.clear()
+    engine.attention(seq).clear()
     seq.stats.leakage_sum, seq.stats.leakage_tokens = 0.0, 0
     while engine.has_unfinished():
         engine.step()
     assert other.is_finished and seq.stats.foreign_slots == bs
-    assert len(seq.attention) == 7  # one per decode step after the plant
-    for rec in seq.attention:
+    assert len(engine.attention(seq)) == 7  # one per decode step after the plant
+    for rec in engine.attention(seq):
         positions = torch.arange(rec["probs"].shape[-1])
         planted = (positions >= bs) & (positions < 2 * bs)
         assert rec["bad"].tolist() == planted.tolist()
-    independent = [float(rec["probs"][..., 16:32].sum(-1).mean()) for rec in seq.attention]
+    independent = [float(rec["probs"][..., 16:32].sum(-1).mean()) for rec in engine.attention(seq)]
     assert math.isclose(seq.stats.attention_leakage, sum(independent) / len(independent), rel_tol=1e-6)
     assert seq.stats.attention_leakage > 0
 

@@ -11,8 +11,13 @@ started by hand works the same.
 
 from __future__ import annotations
 
-from kvdiag.engines.fault import BREAKS_GROUND_TRUTH, BREAKS_ISOLATION, CORRUPTS_OUTPUT, Fault
-from kvdiag.errors import KvdiagError
+from kvdiag.engines.fault import (
+    BREAKS_GROUND_TRUTH,
+    BREAKS_ISOLATION,
+    CORRUPTS_OUTPUT,
+    Fault,
+    check_name,
+)
 
 FAULT_ENV = "KVDIAG_SGLANG_FAULT"  # names the fault the plugin plants; unset or empty: inert
 TREE_CORE_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"  # SGLang's own switch: rust | python
@@ -44,11 +49,7 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
 
 def check_fault(name: str | None) -> str | None:
     """The fault name, or None for none; an unknown name raises KvdiagError (exit 2)."""
-    if not name:
-        return None
-    if name not in FAULTS:
-        raise KvdiagError(f"unknown SGLang fault {name!r} (known: {', '.join(FAULTS)})")
-    return name
+    return check_name("SGLang", FAULTS, name)
 
 
 def server_env(name: str | None) -> dict[str, str]:

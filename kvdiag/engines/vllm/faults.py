@@ -4,16 +4,12 @@ vLLM import here."""
 
 from __future__ import annotations
 
+from kvdiag.engines.fault import check_name
 from kvdiag.engines.vllm.catalog import FAULTS
-from kvdiag.errors import KvdiagError
 
 FAULT_ENV = "KVDIAG_VLLM_FAULT"  # names the fault the plugin plants; unset or empty: inert
 
 
 def check_fault(name: str | None) -> str | None:
     """The fault name, or None for none; an unknown name raises KvdiagError (exit 2)."""
-    if not name:
-        return None
-    if name not in FAULTS:
-        raise KvdiagError(f"unknown vLLM fault {name!r} (known: {', '.join(FAULTS)})")
-    return name
+    return check_name("vLLM", FAULTS, name)

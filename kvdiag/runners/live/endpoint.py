@@ -4,16 +4,15 @@ is (engine, version, the served model's digest, its prefix-cache counters)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import dataclass, field
-from functools import cached_property
 
 import httpx
 
 from kvdiag.errors import EndpointError, KvdiagError
 from kvdiag.runners.live import retry
+from kvdiag.runners.live.identity import ServerIdentity
 
 
 @dataclass
@@ -29,33 +28,7 @@ class ChatResult:
     extra: dict = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class CacheCounters:
-    """An engine's prefix-cache counters in /metrics: prompt tokens looked up, of those served
-    from the cache, and cached blocks evicted (summed where several exist)."""
-
-    queries: str
-    hits: str
-    evictions: tuple[str, ...] = ()
-
-    @property
-    def names(self) -> tuple[str, str]:
-        return self.queries, self.hits
-
-
-VLLM_COUNTERS = CacheCounters("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
-                              ("vllm:prefix_cache_evictions_total", "vllm:kv_cache_evictions_total"))
-COUNTERS = {
-    "vllm": VLLM_COUNTERS,
-    "kvdiag-serve": CacheCounters(VLLM_COUNTERS.queries, VLLM_COUNTERS.hits,
-                                  ("kvdiag_evicted_blocks_total",)),
-    # SGLang counts evicted tokens, not blocks: any rise is recycling all the same
-    "sglang": CacheCounters("sglang:prompt_tokens_total", "sglang:cached_tokens_total",
-                            ("sglang:evicted_tokens_total",)),
-}
-
-
-class Endpoint:
+class Endpoint(ServerIdentity):
     def __init__(self, base_url: str, model: str, api_key: str | None = None, *,
                  timeout: float = 300.0, retries: int = 4,
                  max_wait: float = retry.MAX_WAIT) -> None:
@@ -131,19 +104,23 @@ class Endpoint:
             raise EndpointError(f"/tokenize answered HTTP {r.status_code}: {r.text[:200]}")
         return r.json()["tokens"]
 
+    async def _generate(self, path: str, what: str, cache_salt: str | None, body: dict) -> dict:
+        """POST a generation request (with `cache_salt` when given); its JSON, or EndpointError."""
+        if cache_salt is not None:
+            body["cache_salt"] = cache_salt
+        r = await self._async("POST", path, json=body)
+        if r.status_code != 200:
+            raise EndpointError(f"{what} answered HTTP {r.status_code}: {r.text[:300]}")
+        return r.json()
+
     async def chat(self, messages: list[dict], max_tokens: int, *, cache_salt: str | None = None,
                    top_logprobs: int = 5, model: str | None = None) -> ChatResult:
         """One greedy chat completion; `model`: an adapter the server serves, instead of the
         endpoint's model."""
-        body = {"model": model or self.model, "messages": messages, "max_tokens": max_tokens,
-                "temperature": 0.0, "logprobs": True, "top_logprobs": top_logprobs}
-        if cache_salt is not None:
-            body["cache_salt"] = cache_salt
         t0 = time.perf_counter()
-        r = await self._async("POST", "/v1/chat/completions", json=body)
-        if r.status_code != 200:
-            raise EndpointError(f"chat completion answered HTTP {r.status_code}: {r.text[:300]}")
-        data = r.json()
+        data = await self._generate("/v1/chat/completions", "chat completion", cache_salt, {
+            "model": model or self.model, "messages": messages, "max_tokens": max_tokens,
+            "temperature": 0.0, "logprobs": True, "top_logprobs": top_logprobs})
         choice = data["choices"][0]
         content = (choice.get("logprobs") or {}).get("content") or []
         usage = data.get("usage") or {}
@@ -163,15 +140,10 @@ class Endpoint:
         """The logprob of every prompt token (vLLM's prompt_logprobs=0: the token's own
         only), for a prompt given as token ids, in extra["prompt_logprobs"] as [token id,
         logprob] per position (None for the first)."""
-        body = {"model": model or self.model, "prompt": list(token_ids), "max_tokens": 1,
-                "temperature": 0.0, "prompt_logprobs": 0}
-        if cache_salt is not None:
-            body["cache_salt"] = cache_salt
         t0 = time.perf_counter()
-        r = await self._async("POST", "/v1/completions", json=body)
-        if r.status_code != 200:
-            raise EndpointError(f"completion answered HTTP {r.status_code}: {r.text[:300]}")
-        data = r.json()
+        data = await self._generate("/v1/completions", "completion", cache_salt, {
+            "model": model or self.model, "prompt": list(token_ids), "max_tokens": 1,
+            "temperature": 0.0, "prompt_logprobs": 0})
         usage = data.get("usage") or {}
         return ChatResult(text="", tokens=[], top=[], logprobs=[],
                           prompt_tokens=int(usage.get("prompt_tokens", 0)),
@@ -237,54 +209,6 @@ class Endpoint:
                     continue
                 out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
         return out
-
-    # --- who the server is -----------------------------------------------------------------
-    def _json(self, path: str) -> dict | None:
-        try:
-            r = self._sync("GET", path)
-            return r.json() if r.status_code == 200 else None
-        except (ValueError, KvdiagError):
-            return None
-
-    @cached_property
-    def _identity(self) -> tuple[str, str]:
-        version = self._json("/version")
-        info = (self._json("/openapi.json") or {}).get("info") or {}
-        title = str(info.get("title", "")).lower()
-        if "kvdiag" in title:
-            return "kvdiag-serve", str(info.get("version", "unknown"))
-        if "version" in self.server_info:
-            return "sglang", str(self.server_info["version"])
-        if version and "version" in version:
-            return "vllm", str(version["version"])
-        return (title or "unknown"), str(info.get("version", "unknown"))
-
-    @cached_property
-    def server_info(self) -> dict:
-        """SGLang's GET /server_info (page_size, max_total_num_tokens, version), or {}."""
-        return self._json("/server_info") or self._json("/get_server_info") or {}
-
-    def identity(self) -> dict:
-        """{"name": vllm | sglang | kvdiag-serve | the OpenAPI title, "version"}."""
-        name, version = self._identity
-        return {"name": name, "version": version}
-
-    @property
-    def counters(self) -> CacheCounters:
-        return COUNTERS.get(self._identity[0], VLLM_COUNTERS)
-
-    def model_entry(self) -> dict:
-        """The served model's /v1/models entry (id, root, max_model_len), or {"id": model}."""
-        for entry in (self._json("/v1/models") or {}).get("data", []):
-            if entry.get("id") == self.model:
-                return {k: entry.get(k) for k in ("id", "root", "max_model_len")}
-        return {"id": self.model}
-
-    def model_label(self) -> str:
-        """`<served name>@<sha8 of its /v1/models entry>`: the digest of a model kvdiag cannot
-        hash from outside (signatures and baseline keys)."""
-        entry = json.dumps(self.model_entry(), sort_keys=True).encode()
-        return f"{self.model}@{hashlib.sha256(entry).hexdigest()[:8]}"
 
 
 def _prompt_logprobs(data: dict) -> list:

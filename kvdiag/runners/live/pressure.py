@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from kvdiag.runners.live.endpoint import Endpoint
+from reference_engine.util import cdiv
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ def pressure_sessions(schedule, pool: int | None, pressure_round: int, *, limit:
         k = len(out) % n
         out.append(k)
         # a salted replay shares nothing, its system prompt included
-        missing -= -(-(schedule.prompt_lengths[k][fit] + schedule.answer_lengths[k][fit] - 1) // bs)
+        missing -= cdiv(schedule.prompt_lengths[k][fit] + schedule.answer_lengths[k][fit] - 1, bs)
     return out
 
 

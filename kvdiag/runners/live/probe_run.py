@@ -70,11 +70,44 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
               count_with: str = "tokenize",
               progress: Callable[[str, int, int], None] | None = None) -> ProbeRun:
     """The probe, measured into `run_dir` (rounds.jsonl, probe.json)."""
-    from kvdiag.plan import plan_case
-
     settings = settings or P.ProbeSettings()
     if count_with not in ("tokenize", "usage"):
         raise KvdiagError(f"--count-with must be tokenize or usage, got {count_with!r}")
+    meta_path = run_dir / "probe.json"
+    if resume and not meta_path.is_file():
+        raise KvdiagError(f"{run_dir}: not a probe run directory (no probe.json)")
+    meta = json.loads(meta_path.read_text()) if resume else None
+    endpoint, who, server = _connect(base_url, model, api_key, suite, settings)
+    plan, salted, settings = _plan(endpoint, suite, case, server, settings, count_with, warn)
+    fresh = {"base_url": base_url, "model": model, "suite": suite.name, "case": case.name,
+             "plan_sha": plan_sha(plan), "salted": salted, "adapter": settings.adapter,
+             "twins": settings.twins}
+    if meta is not None and meta["plan_sha"] != fresh["plan_sha"]:
+        raise KvdiagError(f"{run_dir}: the suite or the server's tokenizer changed since this probe began")
+    store = RoundStore(run_dir / "rounds.jsonl")
+    pressure = P.plan_pressure(plan, server, salted, settings)
+    # the server's counters when the probe began; kept in probe.json so that a resumed
+    # probe's prefix-cache hit rate still covers the whole run
+    before = _counters_since(meta, endpoint.metrics(), who["counters"].queries)
+    kept = meta is not None and before is meta.get("metrics_before")
+    meta = (meta if kept else fresh | {"metrics_after_shared": None}) | {"metrics_before": before}
+    meta_path.write_text(json.dumps(meta, indent=2))
+    try:
+        after = asyncio.run(_phases(endpoint, plan, store, settings, salted, pressure, meta,
+                                    meta_path, progress))
+    finally:
+        store.close()
+    run = _facts(base_url, who, plan, store, server, salted, pressure, before, after, settings)
+    run.traffic = {"spread": settings.spread, "twins": settings.twins, "adapter": settings.adapter,
+                   "prompt_logprobs": settings.prompt_logprobs,
+                   "twin_requests": sum(phase == P.TWIN for phase, _, _ in store.done),
+                   "isolation": "cache_salt" if salted else "reset_prefix_cache"}
+    return run
+
+
+def _connect(base_url: str, model: str, api_key: str | None, suite: Suite,
+             settings: P.ProbeSettings) -> tuple[Endpoint, dict, ServerCache]:
+    """The endpoint (model and adapter served), who the server is, and its KV cache."""
     endpoint = Endpoint(base_url, model, api_key)
     served = endpoint.check()
     if settings.adapter is not None and settings.adapter not in served:
@@ -84,32 +117,36 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
            "counters": endpoint.counters}  # asked now: the phases close the endpoint
     server = read_server_cache(endpoint, suite.block_size, block_size=settings.block_size,
                                num_blocks=settings.num_blocks)
-    meta_path = run_dir / "probe.json"
-    meta = None
-    if resume:
-        if not meta_path.is_file():
-            raise KvdiagError(f"{run_dir}: not a probe run directory (no probe.json)")
-        meta = json.loads(meta_path.read_text())
+    return endpoint, who, server
+
+
+def _plan(endpoint: Endpoint, suite: Suite, case: Case, server: ServerCache,
+          settings: P.ProbeSettings, count_with: str, warn: Callable[[str], None]):
+    """(the case planned with the server's tokenizer at its block size, whether isolated runs
+    are salted, the settings as this server allows them)."""
+    from kvdiag.plan import plan_case
+
     tokenizer = RemoteTokenizer(endpoint, use_usage=count_with == "usage")
     plan = plan_case(suite, case, tokenizer, block_size=server.block_size, spread=settings.spread,
                      adapter=settings.adapter)
     if tokenizer.use_usage:
         warn("counting tokens by usage.prompt_tokens (no /tokenize): planning sends one-token requests")
-    salted = _isolation(endpoint, base_url, warn, settings.isolation)
+    salted = _isolation(endpoint, endpoint.base, warn, settings.isolation)
     if settings.prompt_logprobs and (tokenizer.use_usage or not endpoint.prompt_logprobs_supported(
             P.plp_ids(plan, 0, 0))):  # placeholder ids, or a server without prompt logprobs
         settings = dataclasses.replace(settings, prompt_logprobs=False)
-    fresh = {"base_url": base_url, "model": model, "suite": suite.name, "case": case.name,
-             "plan_sha": plan_sha(plan), "salted": salted, "adapter": settings.adapter,
-             "twins": settings.twins}
-    if meta is not None and meta["plan_sha"] != fresh["plan_sha"]:
-        raise KvdiagError(f"{run_dir}: the suite or the server's tokenizer changed since this probe began")
-    store = RoundStore(run_dir / "rounds.jsonl")
-    jobs = [(k, r) for k in range(len(plan.sessions)) for r in range(case.rounds)]
+    return plan, salted, settings
+
+
+async def _phases(endpoint: Endpoint, plan, store: RoundStore, settings: P.ProbeSettings,
+                  salted: bool, pressure: list[int], meta: dict, meta_path: Path,
+                  progress: Callable[[str, int, int], None] | None) -> dict:
+    """The shared, isolated, noise-floor (and prompt-logprob) phases; the server's counters
+    after the shared phase."""
+    jobs = [(k, r) for k in range(len(plan.sessions)) for r in range(plan.case.rounds)]
     floor = P.floor_jobs(plan, settings.floor_sessions)
-    pressure = P.plan_pressure(plan, server, salted, settings)
-    total = (2 * len(jobs) + len(floor) + len(pressure) * case.rounds
-             + (len(P.plp_jobs(plan)) if settings.prompt_logprobs else 0))
+    plp = P.plp_jobs(plan) if settings.prompt_logprobs else []
+    total = 2 * len(jobs) + len(floor) + len(pressure) * plan.case.rounds + len(plp)
     done = [len(store.done)]
 
     def tick_for(phase: str):
@@ -119,42 +156,17 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
                 progress(phase, done[0], total)
         return tick
 
-    # the server's counters when the probe began; kept in probe.json so that a resumed
-    # probe's prefix-cache hit rate still covers the whole run
-    before = _counters_since(meta, endpoint.metrics(), who["counters"].queries)
-    kept = meta is not None and before is meta.get("metrics_before")
-    meta = (meta if kept else fresh | {"metrics_after_shared": None}) | {"metrics_before": before}
-    meta_path.write_text(json.dumps(meta, indent=2))
-    after_shared = {}
-
-    async def run_all():
-        try:
-            await P.shared_phase(endpoint, plan, store, settings, tick_for("shared (cache on)"),
-                                 pressure)
-            after_shared.update(meta.get("metrics_after_shared") or endpoint.metrics())
-            meta["metrics_after_shared"] = after_shared  # a resume after this point keeps it
-            meta_path.write_text(json.dumps(meta, indent=2))
-            await P.isolated_phase(endpoint, plan, store, settings, P.ISOLATED, jobs, salted,
-                                   tick_for("isolated (fresh cache_salt)"))
-            await P.isolated_phase(endpoint, plan, store, settings, P.FLOOR, floor, salted,
-                                   tick_for("noise floor"))
-            if settings.prompt_logprobs:
-                await P.isolated_phase(endpoint, plan, store, settings, P.PLP_ISOLATED,
-                                       P.plp_jobs(plan), salted, tick_for("prompt logprobs"))
-        finally:
-            await endpoint.aclose()
-
     try:
-        asyncio.run(run_all())
+        await P.shared_phase(endpoint, plan, store, settings, tick_for("shared (cache on)"), pressure)
+        after = meta.get("metrics_after_shared") or endpoint.metrics()
+        meta["metrics_after_shared"] = after  # a resume after this point keeps it
+        meta_path.write_text(json.dumps(meta, indent=2))
+        for phase, work, what in ((P.ISOLATED, jobs, "isolated (fresh cache_salt)"),
+                                  (P.FLOOR, floor, "noise floor"), (P.PLP_ISOLATED, plp, "prompt logprobs")):
+            await P.isolated_phase(endpoint, plan, store, settings, phase, work, salted, tick_for(what))
     finally:
-        store.close()
-    run = _facts(base_url, who, plan, store, server, salted, pressure, before, after_shared,
-                 settings)
-    run.traffic = {"spread": settings.spread, "twins": settings.twins, "adapter": settings.adapter,
-                   "prompt_logprobs": settings.prompt_logprobs,
-                   "twin_requests": sum(phase == P.TWIN for phase, _, _ in store.done),
-                   "isolation": "cache_salt" if salted else "reset_prefix_cache"}
-    return run
+        await endpoint.aclose()
+    return after
 
 
 def _isolation(endpoint: Endpoint, base_url: str, warn: Callable[[str], None],

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from kvdiag.runners.records import Record
 from kvdiag.runners.replay.shadow import ReadLog, ShadowCache, StepItem
 from kvdiag.runners.replay.trace import Trace, TraceRequest
+from reference_engine.util import cdiv
 
 
 @dataclass
@@ -79,14 +80,15 @@ class AllocatorReplay:
         self.index = trace_index(trace)
         self.shadow = ShadowCache(cfg.num_blocks, cfg.block_size) if check else None
         self.num_steps = 0
+        self.teacher: dict[int, list[int]] = {}  # seq_id -> the reference's tokens, fed in order
+        self.reads: dict[int, ReadLog] = {}  # seq_id -> what the shadow map saw it read
 
     def add_request(self, prompt_ids, max_tokens, tag=None, session=None, **_):
         from reference_engine.sequence import Sequence
 
         req = self.index[(tag.session, tag.round)]
         seq = Sequence(list(prompt_ids), max_tokens, frozenset(), req.cache_salt, None, tag)
-        seq.teacher = req.output_ids
-        seq.reads = ReadLog()
+        self.teacher[seq.seq_id], self.reads[seq.seq_id] = req.output_ids, ReadLog()
         self.scheduler.add(seq)
         return seq
 
@@ -110,7 +112,7 @@ class AllocatorReplay:
                 self.allocator.cache_full_blocks(s.seq, s.seq.num_computed_tokens + s.num_tokens)
         if self.shadow is not None:
             self.shadow.step([StepItem(s.seq.block_table, s.seq.num_computed_tokens, s.num_tokens,
-                                       s.seq.fingerprints, s.seq.reads, s.seq.stats)
+                                       s.seq.fingerprints, self.reads[s.seq.seq_id], s.seq.stats)
                               for s in out.scheduled], self.num_steps)
         finished = []
         for s in out.scheduled:
@@ -119,8 +121,9 @@ class AllocatorReplay:
             self.allocator.cache_full_blocks(seq, seq.num_computed_tokens)
             if not samples:
                 continue
-            seq.append_token(seq.teacher[len(seq.output_ids)])
-            if len(seq.output_ids) == len(seq.teacher):
+            teacher = self.teacher[seq.seq_id]
+            seq.append_token(teacher[len(seq.output_ids)])
+            if len(seq.output_ids) == len(teacher):
                 self.scheduler.finish(seq, "stop")
                 finished.append(seq)
         return finished
@@ -140,7 +143,7 @@ def records(trace: Trace, turns: dict, *, target: str, allocator: str,
             out.append(Record(
                 case=trace.config.case, target=target, allocator=allocator, session=session,
                 round=req.round, kind=req.kind, prompt_tokens=len(req.prompt_ids),
-                cached_tokens=hit_tokens, blocks_needed=-(-len(req.prompt_ids) // bs),
+                cached_tokens=hit_tokens, blocks_needed=cdiv(len(req.prompt_ids), bs),
                 blocks_hit=hit_tokens // bs, foreign_slots=st.foreign_slots,
                 unwritten_slots=st.unwritten_slots, guard_rejections=st.guard_rejections,
                 preemptions=st.preemptions, output_text=req.output_text,

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from reference_engine.util import cdiv
+
 
 class Invariants:
     MAX_MESSAGES = 50
@@ -46,7 +48,7 @@ class Invariants:
     # --- what the audit learns as the replay runs -----------------------------------------
     def wrote(self, table: list[int], start: int, num_tokens: int, label: str) -> None:
         bs = self.shadow.block_size
-        for b in table[start // bs:-(-(start + num_tokens) // bs)]:
+        for b in table[start // bs:cdiv(start + num_tokens, bs)]:
             self.writer[b] = label
 
     def learn_hashes(self, turn) -> None:

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kvdiag.errors import KvdiagError
+from reference_engine.util import cdiv
 
 TRACE_VERSION = 1
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # reference_engine.config.EngineConfig's default
@@ -239,7 +240,7 @@ def read_trace(path: Path) -> Trace:
         if [r.round for r in rounds] != list(range(1, len(rounds) + 1)):
             raise KvdiagError(f"{path}: session {session}: rounds must be 1..n without gaps")
     longest = max(len(r.prompt_ids) + len(r.output_ids) for r in requests)
-    if -(-longest // config.block_size) > config.num_blocks:
+    if cdiv(longest, config.block_size) > config.num_blocks:
         raise KvdiagError(f"{path}: a request of {longest} tokens needs more than the "
                           f"{config.num_blocks} blocks of the pool (num_blocks)")
     return trace

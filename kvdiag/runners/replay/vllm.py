@@ -16,7 +16,7 @@ The driver makes the calls vLLM's Scheduler.schedule makes, in its order:
 vLLM's allocator never touches K/V bytes, so a shadow content map (shadow.py) records which
 prefix each slot's writer stored, and every request's block table is checked each step
 against what it must contain: foreign and unwritten slot reads per request. Invariants of
-the BlockPool are checked each step (vllm_invariants.py); vLLM's own assertions, if one
+the BlockPool are checked each step (invariants.py); vLLM's own assertions, if one
 fires, are recorded as violations too. vLLM's reuse comes from its own PrefixCacheStats.
 """
 
@@ -32,6 +32,7 @@ from kvdiag.runners.replay.invariants import Invariants, assertion_site
 from kvdiag.runners.replay.shadow import ReadLog, ShadowCache, StepItem
 from kvdiag.runners.replay.trace import Trace
 from kvdiag.runners.replay.vllm_api import CacheStats, VllmApi, load
+from reference_engine.util import cdiv
 
 ALLOCATOR = "vllm"
 
@@ -180,7 +181,7 @@ class VllmReplay:
             turn.admitted, self.num_admitted = self.num_admitted, self.num_admitted + 1
             st = turn.stats
             st.cached_tokens, st.blocks_hit = counted.hits, counted.hits // bs
-            st.blocks_needed = -(-req.num_prompt_tokens // bs)
+            st.blocks_needed = cdiv(req.num_prompt_tokens, bs)
             if counted.hits != hits:
                 self._violation(f"{turn.label}: vLLM's PrefixCacheStats counted {counted.hits} "
                                 f"hit tokens, get_computed_blocks returned {hits}")
@@ -289,20 +290,16 @@ def replay_vllm(trace: Trace, *, api: VllmApi | None = None, check: bool = True,
 
         after = run_epilogue(engine, trace)
     seconds = time.perf_counter() - t0
-    s = engine.cache_stats
+    s, inv = engine.cache_stats, engine.invariants
     stats = {"vllm_version": api.version, "prefix_cache_requests": s.requests,
              "prefix_cache_queries": s.queries, "prefix_cache_hits": s.hits,
              "prefix_cache_hit_rate": s.hit_rate, "preempted_requests": s.preempted_requests,
              "preempted_queries": s.preempted_queries, "preempted_hits": s.preempted_hits,
-             "preemptions": engine.num_preemptions, "manager_seconds": engine.manager_seconds}
-    violations, total = [], 0
-    if engine.invariants is not None:
-        violations, total = engine.invariants.messages, engine.invariants.count
-    stats["invariant_violations"] = total
-    stats["recycled_blocks"] = engine.shadow.recycled_blocks if engine.shadow is not None else 0
-    stats["cross_tenant_hits"] = engine.cross_tenant_hits
-    stats["prompt_logprob_hits"] = engine.prompt_logprob_hits
-    if after is not None:
-        stats["epilogue"] = after
+             "preemptions": engine.num_preemptions, "manager_seconds": engine.manager_seconds,
+             "invariant_violations": inv.count if inv is not None else 0,
+             "recycled_blocks": engine.shadow.recycled_blocks if engine.shadow is not None else 0,
+             "cross_tenant_hits": engine.cross_tenant_hits,
+             "prompt_logprob_hits": engine.prompt_logprob_hits} | ({"epilogue": after} if after is not None else {})
+    violations = inv.messages if inv is not None else []
     return ReplayResult(api.label, ALLOCATOR, records(trace, turns, target=api.label, allocator=ALLOCATOR),
                         engine.num_steps, seconds, turns, stats, violations)

@@ -1,0 +1,148 @@
+"""Terminal renderers of the runs that measure an engine: reproduce, verify, the live probe
+and the vLLM audit (each returns the lines the CLI's Output prints)."""
+
+from __future__ import annotations
+
+from kvdiag.report.terminal_style import compact_table, fmt, footer, headline
+from kvdiag.verdicts import Verdict
+from kvdiag.vocab import CONTIGUOUS
+
+
+def rounds_table(summary: dict, case: str):
+    """Round x allocator: reuse, leakage, BLEU-4, fact-check (reference's beside), foreign."""
+    rows = [r for r in summary["rounds"] if r.get("case") == case]
+    ref = {r["round"]: r for r in rows if r["allocator"] == CONTIGUOUS}
+    table = compact_table(f"case {case}",
+                          "facts: fact-check pass rate (ref: the contiguous reference's); foreign: "
+                          "slots read from other prefixes; rejected: stale hits the guard dropped")
+    for col in ("round", "allocator", "reuse", "leakage", "BLEU-4", "facts", "ref", "foreign", "rejected"):
+        table.add_column(col, justify="left" if col == "allocator" else "right")
+    rows = [r for r in rows if r["allocator"] != CONTIGUOUS]
+    rows.sort(key=lambda r: (r["round"], r["allocator"]))
+    last = None
+    for r in rows:
+        name = r["allocator"] if r["target"] == "reference" else r["target"]
+        bad = r["foreign_slots"] or r.get("nonfinite_logits") or (r["bleu4"] or 100) < 100
+        style = "red" if bad else None
+        table.add_row("" if r["round"] == last else str(r["round"]), name,
+                      fmt(r["block_reuse_rate"], ".3f"), fmt(r["attention_leakage"], ".4f"),
+                      fmt(r["bleu4"], ".1f"), fmt(r["fact_check_pass_rate"], ".2f"),
+                      fmt(ref.get(r["round"], {}).get("fact_check_pass_rate"), ".2f"),
+                      str(r["foreign_slots"]), str(r.get("guard_rejections", 0)), style=style,
+                      end_section=False)
+        last = r["round"]
+    return table
+
+
+def verdict_lines(summary: dict) -> list[str]:
+    lines = []
+    for key, gate in summary.get("gates", {}).items():
+        state = "[green]flat[/]" if gate["passed"] else f"[red]NOT flat[/] ({len(gate['failures'])} findings)"
+        lines.append(f"  {key}: {state}")
+        lines += [f"      {f}" for f in gate["failures"][:5]]
+    for key, findings in summary.get("faults", {}).items():
+        state = (f"[red]corruption reproduced[/] ({len(findings)} findings, first: {findings[0]})"
+                 if findings else "[yellow]NOT reproduced: no corruption seen under the trigger[/]")
+        lines.append(f"  {key}: {state}")
+    for name, value in (summary.get("sqdr") or {}).items():
+        brai = (summary.get("brai") or {}).get(name)
+        lines.append(f"  {name}: SQDR {fmt(value, '.4f')}  BRAI {fmt(brai, '.4f')}")
+    return lines
+
+
+def render_reproduce(result) -> list:
+    s = result.summary.as_dict()
+    lines: list = [rounds_table(s, case) for case in s["cases"]]
+    lines += [f"signature: {s['signature']}", headline(result), *verdict_lines(s)]
+    return lines + footer(result)[1:]
+
+
+def render_verify(result) -> list:
+    gate = result.summary.gate
+    lines = [headline(result, f"{gate['name']} --allocator {gate['allocator']}: {gate['what']}")]
+    lines += [f"  {line}" for line in gate["shown"]]
+    return lines + footer(result)
+
+
+def render_probe(result) -> list:
+    s, frame = result.summary.as_dict(), result.frame
+    shared = frame[frame["allocator"] == "shared"]
+    table = compact_table(f"probe {s['targets'][0]} ({s['isolation']} isolation)")
+    for col in ("round", "BLEU-4", "fact-check", "ref fact", "diverged", "numerics", "corruption", "cached"):
+        table.add_column(col, justify="right")
+    rows = {r["round"]: r for r in s["rounds"] if r["allocator"] == "shared"}
+    ref = {r["round"]: r for r in s["rounds"] if r["allocator"] == "isolated"}
+    for n in sorted(rows):
+        kinds = shared[shared["round"] == n]["classification"]
+        r = rows[n]
+        table.add_row(str(n), fmt(r["bleu4"], ".1f"), fmt(r["fact_check_pass_rate"], ".2f"),
+                      fmt(ref.get(n, {}).get("fact_check_pass_rate"), ".2f"),
+                      str(int((kinds != "match").sum())), str(int((kinds == "numerics").sum())),
+                      str(int((kinds == "corruption").sum())), fmt(r["block_reuse_rate"], ".2f"),
+                      style="red" if (kinds == "corruption").any() else None)
+    nf, pc = s["noise_floor"], s["server_prefix_cache"]
+    lines = [table, f"noise floor: {nf['diverged_pairs']}/{nf['pairs']} repeated isolated requests "
+             f"diverged, largest margin {nf['margin']:.3f} nats; corruption threshold "
+             f"{nf['threshold']:.3f} nats"]
+    if pc.get("hit_rate") is not None:
+        lines.append(f"server prefix cache (shared phase): {pc['hits']:.0f}/{pc['queries']:.0f} "
+                     f"tokens hit ({pc['hit_rate']:.1%})")
+    recycling = s.get("recycling") or {}
+    if recycling:
+        seen = "observed" if recycling.get("observed") else "NOT observed"
+        lines.append(f"block recycling: {seen} ({recycling.get('how') or 'no sign of it'})")
+    truth = s.get("ground_truth") or {}
+    if truth.get("isolated"):
+        lines.append(f"ground truth: {truth['contaminated']} of {truth['isolated']} isolated requests "
+                     f"reported cached tokens (must be 0)")
+    what = ""
+    if result.verdict is Verdict.FAIL:
+        what = (f"corruption in rounds {s['corruption_rounds']} ({s['corrupted_requests']} requests; "
+                f"{s['numerics_requests']} numerics)")
+        first = (s.get("first_divergences") or [None])[0]
+        if first:
+            what += (f"; first divergent token: round {first['round']} {first['session']}: "
+                     f"{first['shared_token']!r} instead of {first['isolated_token']!r}")
+    elif result.verdict is Verdict.PASS:
+        what = f"no divergence beyond the noise floor ({s['numerics_requests']} numerics)"
+    return lines + [headline(result, what), *footer(result)]
+
+
+def _block_reuse(replay) -> dict[int, float]:
+    """round -> blocks hit / blocks needed of a replay (vLLM's or ours)."""
+    sums: dict[int, list[int]] = {}
+    for r in replay.records if replay is not None else []:
+        pair = sums.setdefault(r.round, [0, 0])
+        pair[0] += r.blocks_hit
+        pair[1] += r.blocks_needed
+    return {n: hit / max(needed, 1) for n, (hit, needed) in sums.items()}
+
+
+def render_audit(result) -> list:
+    audit = result.summary.vllm_audit
+    theirs, ours = _block_reuse(result.extra["vllm"]), _block_reuse(result.extra["ours"])
+    table = compact_table(f"{audit['target']} · case {result.summary.cases[0]} (hit rate: tokens; "
+                          f"reuse: blocks; ours: {audit.get('compare', {}).get('allocator', '-')})")
+    for col in ("round", "hit rate", "reuse", "ours", "foreign", "unwritten", "sessions"):
+        table.add_column(col, justify="right")
+    for row in audit["rounds"]:
+        n = row["round"]
+        table.add_row(str(n), f"{row['vllm_hit_rate']:.3f}", f"{theirs.get(n, 0):.3f}",
+                      fmt(ours.get(n), ".3f"), str(row["foreign_slots"]), str(row["unwritten_slots"]),
+                      ",".join(row["sessions_with_foreign_reads"]) or "-",
+                      style="red" if row["foreign_slots"] or row["unwritten_slots"] else None)
+    lines = [table, f"vLLM prefix cache (its own PrefixCacheStats): {audit['prefix_cache_hits']} of "
+             f"{audit['prefix_cache_queries']} tokens hit ({audit['prefix_cache_hit_rate']:.3f}), "
+             f"{audit['preemptions']} preemptions, {audit['steps']} steps"]
+    cmp = audit.get("compare")
+    if cmp:
+        lines.append(f"hit counts vs {cmp['allocator']}: {cmp['requests_differing']} of {cmp['requests']} "
+                     f"requests differ (ours {cmp['blocks_hit']} blocks, vLLM {cmp['vllm_blocks_hit']})")
+        lines += [f"  {st['stage']}: {st['requests_differing']} differ" for st in cmp["explained"][1:]]
+    lines.append(f"invariant violations: {audit['invariant_violations']}; cached blocks "
+                 f"recycled: {audit.get('recycled_blocks', 0)}"
+                 + (f"; planted fault: {result.summary.fault}" if result.summary.fault else ""))
+    lines += [f"  {line}" for line in audit["invariant_messages"][:10]]
+    return lines + [headline(result), *footer(result)]
+
+

@@ -1,0 +1,88 @@
+"""Who a live server is, as a probe needs to know: its engine and version, the served model's
+digest (its /v1/models entry: weights cannot be hashed from outside), SGLang's /server_info,
+and the engine's prefix-cache counters in /metrics. A mixin of kvdiag.runners.live.endpoint
+.Endpoint (it uses the endpoint's `_sync` and `model`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from functools import cached_property
+
+from kvdiag.errors import KvdiagError
+
+
+@dataclass(frozen=True)
+class CacheCounters:
+    """An engine's prefix-cache counters in /metrics: prompt tokens looked up, of those served
+    from the cache, and cached blocks evicted (summed where several exist)."""
+
+    queries: str
+    hits: str
+    evictions: tuple[str, ...] = ()
+
+    @property
+    def names(self) -> tuple[str, str]:
+        return self.queries, self.hits
+
+
+VLLM_COUNTERS = CacheCounters("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+                              ("vllm:prefix_cache_evictions_total", "vllm:kv_cache_evictions_total"))
+COUNTERS = {
+    "vllm": VLLM_COUNTERS,
+    "kvdiag-serve": CacheCounters(VLLM_COUNTERS.queries, VLLM_COUNTERS.hits,
+                                  ("kvdiag_evicted_blocks_total",)),
+    # SGLang counts evicted tokens, not blocks: any rise is recycling all the same
+    "sglang": CacheCounters("sglang:prompt_tokens_total", "sglang:cached_tokens_total",
+                            ("sglang:evicted_tokens_total",)),
+}
+
+
+class ServerIdentity:
+    def _json(self, path: str) -> dict | None:
+        try:
+            r = self._sync("GET", path)
+            return r.json() if r.status_code == 200 else None
+        except (ValueError, KvdiagError):
+            return None
+
+    @cached_property
+    def _identity(self) -> tuple[str, str]:
+        version = self._json("/version")
+        info = (self._json("/openapi.json") or {}).get("info") or {}
+        title = str(info.get("title", "")).lower()
+        if "kvdiag" in title:
+            return "kvdiag-serve", str(info.get("version", "unknown"))
+        if "version" in self.server_info:
+            return "sglang", str(self.server_info["version"])
+        if version and "version" in version:
+            return "vllm", str(version["version"])
+        return (title or "unknown"), str(info.get("version", "unknown"))
+
+    @cached_property
+    def server_info(self) -> dict:
+        """SGLang's GET /server_info (page_size, max_total_num_tokens, version), or {}."""
+        return self._json("/server_info") or self._json("/get_server_info") or {}
+
+    def identity(self) -> dict:
+        """{"name": vllm | sglang | kvdiag-serve | the OpenAPI title, "version"}."""
+        name, version = self._identity
+        return {"name": name, "version": version}
+
+    @property
+    def counters(self) -> CacheCounters:
+        return COUNTERS.get(self._identity[0], VLLM_COUNTERS)
+
+    def model_entry(self) -> dict:
+        """The served model's /v1/models entry (id, root, max_model_len), or {"id": model}."""
+        for entry in (self._json("/v1/models") or {}).get("data", []):
+            if entry.get("id") == self.model:
+                return {k: entry.get(k) for k in ("id", "root", "max_model_len")}
+        return {"id": self.model}
+
+    def model_label(self) -> str:
+        """`<served name>@<sha8 of its /v1/models entry>`: the digest of a model kvdiag cannot
+        hash from outside (signatures and baseline keys)."""
+        entry = json.dumps(self.model_entry(), sort_keys=True).encode()
+        return f"{self.model}@{hashlib.sha256(entry).hexdigest()[:8]}"
