@@ -51,6 +51,15 @@ class CasePlan:
         model): rounds alternate, and neighbouring sessions start on different models."""
         return self.adapter if self.adapter and (session + rnd) % 2 else None
 
+    @staticmethod
+    def has_twin(session: int) -> bool:
+        """Whether session `session`'s shared requests each go out with a one-token twin
+        (kvdiag.runners.live.phases; the audit's trace alike): every other session. The rest
+        keep the trigger's own traffic: with a twin beside every request, the reference
+        engine's stale-hash fault corrupted 0 to 5 of the smoke probe's requests instead of 20
+        to 59 (measured over HTTP, `kvdiag serve --allocator buggy`)."""
+        return session % 2 == 1
+
     @property
     def style(self) -> str:
         return self.case.style or self.suite.style

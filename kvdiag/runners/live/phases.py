@@ -63,7 +63,8 @@ async def shared_phase(endpoint: Endpoint, plan: CasePlan, store: RoundStore, s:
     with anything else), answers and think times included, so the cache sees more sessions
     of the same traffic. Its answers are checked against that session's isolated twin.
 
-    With `twins`, each shared request goes out together with a copy that asks for one token:
+    With `twins`, each shared request of a twinned session (CasePlan.has_twin: every other
+    one) goes out together with a copy that asks for one token:
     the two share their blocks, and the copy finishes (and frees them) while the request
     still decodes, which is when a block freed too early (use-after-free) is recycled under
     a reader. The copies are traffic only: nothing judges their one token."""
@@ -89,7 +90,7 @@ async def shared_phase(endpoint: Endpoint, plan: CasePlan, store: RoundStore, s:
                 continue
             await asyncio.sleep(plan.schedule.think(k, r) * s.think_scale)
             salt = f"kvdiag-pressure-{run_salt}-{j}" if phase == PRESSURE else None
-            twin = s.twins and phase == SHARED and (TWIN, j, r) not in store.done
+            twin = s.twins and phase == SHARED and plan.has_twin(k) and (TWIN, j, r) not in store.done
             await asyncio.gather(one(phase, j, k, r, plan.case.max_tokens, salt),
                                  *([one(TWIN, j, k, r, 1, salt)] if twin else []))
             if s.prompt_logprobs and phase == SHARED and (k, r) in plp_jobs(plan):

@@ -97,9 +97,9 @@ def is_twin(session: str) -> bool:
 def from_plan(plan, reference_records, cache_salt: str | None = None, twins: bool = False) -> Trace:
     """The trace of a CasePlan, with the contiguous reference's outputs (Records whose
     allocator is "contiguous", as kvdiag.runners.reference.engine.run_case yields them).
-    Each request names the adapter plan.model_for gives it. `twins`: every session gets a
-    twin session (twin_id) sending the same prompts at the same times for one token with
-    prompt logprobs, as the live probe's twins do."""
+    Each request names the adapter plan.model_for gives it. `twins`: every twinned session
+    (plan.has_twin) gets a twin session (twin_id) sending the same prompts at the same times
+    for one token with prompt logprobs, as the live probe's twins do."""
     s = plan.schedule
     config = TraceConfig(suite=plan.suite.name, case=plan.case.name, block_size=s.block_size,
                          num_blocks=s.num_blocks, max_num_seqs=plan.suite.max_num_seqs,
@@ -118,10 +118,11 @@ def from_plan(plan, reference_records, cache_salt: str | None = None, twins: boo
                 output_text=rec.output_text, expected_text=rec.expected_text,
                 fact_check_pass=rec.fact_check_pass, fact_check_reason=rec.fact_check_reason))
     if twins:
+        twinned = {session.session_id for si, session in enumerate(plan.sessions) if plan.has_twin(si)}
         requests += [dataclasses.replace(r, session=twin_id(r.session), output_ids=r.output_ids[:1],
                                          prompt_logprobs=True, output_text="", expected_text="",
                                          fact_check_pass=math.nan, fact_check_reason="")
-                     for r in list(requests)]
+                     for r in list(requests) if r.session in twinned]
     return Trace(config, requests)
 
 

@@ -55,7 +55,9 @@ def test_probe_passes_the_guarded_server(tmp_path, in_process):
 
     assert_valid_summary(tmp_path / "g", "probe")
     assert summary["ground_truth"]["isolated"] > 0 and summary["ground_truth"]["contaminated"] == 0
-    assert summary["server_prefix_cache"]["hit_rate"] > 0.5
+    # the shared phase used the cache: most of every history is a prefix of the next round's
+    # prompt, less what recycling took and what the spread cuts from the shared system prompt
+    assert summary["server_prefix_cache"]["hit_rate"] > 0.3
     assert in_process["gates"]["trigger/guarded"]["passed"]  # the in-process runner agrees
 
 

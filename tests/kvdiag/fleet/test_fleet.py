@@ -168,7 +168,8 @@ def test_a_vllm_local_cell_starts_its_own_server(tmp_path):
 def test_a_cell_that_never_reached_the_trigger_is_inconclusive_never_pass(tmp_path):
     """A fleet whose cells prove nothing: reference:buggy on a pool that never recycles, and a
     live server with a pool too big to recycle, read INCONCLUSIVE (cells.jsonl, JSON, the
-    page, the history); a dead server stays ERROR; the fleet exits 2."""
+    page, the history); a dead server stays ERROR, and so does the fleet (its worst cell);
+    it exits 2."""
     from tests.kvdiag.commands.test_inconclusive import BIG_POOL
     from tests.kvdiag.schema_util import assert_valid_summary
 
@@ -184,7 +185,8 @@ def test_a_cell_that_never_reached_the_trigger_is_inconclusive_never_pass(tmp_pa
                              capture_output=True, text=True, timeout=1800)
     assert run.returncode == 2, run.stdout[-3000:] + run.stderr[-3000:]
     data = json.loads(run.stdout[run.stdout.index('{\n  "verdict"'):])
-    assert data["verdict"] == "inconclusive"
+    assert data["verdict"] == "error"  # the worst cell's: the dead server; never pass
+    assert "2 inconclusive" in data["reason"] and "1 error" in data["reason"]
     cells = {c["target"]: c for c in data["cells"]}
     assert {t: c["status"] for t, c in cells.items()} == {"ref": "INCONCLUSIVE",
                                                           "live": "INCONCLUSIVE", "dead": "ERROR"}
