@@ -181,18 +181,19 @@ def test_prompt_over_the_context_is_a_clear_error(smollm2):
 
 @pytest.mark.slow
 def test_natural_case_guarded_equals_reference_and_buggy_departs(smollm2, tmp_path):
-    from kvdiag.commands.reproduce import run_suite
+    from kvdiag.commands.reproduce import measure
     from kvdiag.findings import series
     from kvdiag.suites import load_suite
 
     suite = load_suite("natural")
-    run = run_suite(suite, suite.select(None), model=smollm2.out_dir)
-    rounds, case = run.summary["rounds"], suite.select(None)[0].name
+    measured = measure(suite, suite.select(None), model=smollm2.out_dir)
+    summary = measured.fields(measured.judge())  # what reproduce writes to summary.json
+    rounds, case = summary["rounds"], suite.select(None)[0].name
     reference = series(rounds, case, "contiguous")
     guarded, buggy = series(rounds, case, "guarded"), series(rounds, case, "buggy")
     assert len(guarded) == len(reference) == len(buggy) == suite.cases[0].rounds
     # The guard: equal to the reference in every round (the same gate `kvdiag verify` applies).
-    assert run.summary["gates"][f"{case}/guarded"] == {"passed": True, "failures": []}
+    assert summary["gates"][f"{case}/guarded"] == {"passed": True, "failures": []}
     for g, r in zip(guarded, reference):
         assert g["bleu4"] == 100 and g["foreign_slots"] == 0
         if not math.isnan(r["fact_check_pass_rate"]):
@@ -201,7 +202,7 @@ def test_natural_case_guarded_equals_reference_and_buggy_departs(smollm2, tmp_pa
     departed = [b["round"] for b, r in zip(buggy, reference) if b["bleu4"] < 100
                 or (not math.isnan(r["fact_check_pass_rate"])
                     and b["fact_check_pass_rate"] < r["fact_check_pass_rate"])]
-    assert departed, run.summary["faults"]
+    assert departed, summary["faults"]
     assert any(b["foreign_slots"] > 0 for b in buggy)
     # Reuse happened at all (the cache served blocks), and the baseline is a real fraction.
     assert max(g["block_reuse_rate"] for g in guarded) > 0.5
