@@ -63,9 +63,16 @@ def test_probe_passes_the_guarded_server(tmp_path, in_process):
 
 @pytest.mark.slow  # ~2 min with its in-process twin
 def test_probe_finds_corruption_on_the_buggy_server_and_resumes(tmp_path, in_process):
+    """Resume, against the trigger's own traffic (what the in-process runner replays): the
+    class-reaching additions (one-token twins, the spread system prompt) each cut how often
+    this fault fires on a fresh server (docs/faults.md: 7-12 corrupted with both, 21-25
+    without; one run of a killed-and-resumed default probe found none), so this test of
+    resuming a failing probe does not rest on them."""
     out = tmp_path / "b"
+    trigger_only = ("--no-twins", "--no-spread")
     with served(*_server_args("buggy")) as (url, _):
-        proc = subprocess.Popen(_probe(url, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(_probe(url, out, *trigger_only), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
         rounds = out.with_name(out.name + ".partial") / "rounds.jsonl"  # unfinished: not yet `out`
         deadline = time.monotonic() + 600
         while not (rounds.exists() and len(rounds.read_text().splitlines()) >= 60):
@@ -76,8 +83,8 @@ def test_probe_finds_corruption_on_the_buggy_server_and_resumes(tmp_path, in_pro
         kept = [json.loads(line) for line in rounds.read_text().splitlines() if line.strip()]
         assert len(kept) >= 60 and not out.exists()
         at_kill = _queries(url)
-        run = subprocess.run(_probe(url, out, "--resume", str(out), "--json"), capture_output=True,
-                             text=True, timeout=900)
+        run = subprocess.run(_probe(url, out, *trigger_only, "--resume", str(out), "--json"),
+                             capture_output=True, text=True, timeout=900)
     assert run.returncode == 1, run.stderr[-2000:]
     summary = json.loads(run.stdout)
     rows = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
