@@ -55,9 +55,8 @@ class CasePlan:
     def has_twin(session: int) -> bool:
         """Whether session `session`'s shared requests each go out with a one-token twin
         (kvdiag.runners.live.phases; the audit's trace alike): every other session. The rest
-        keep the trigger's own traffic: with a twin beside every request, the reference
-        engine's stale-hash fault corrupted 0 to 5 of the smoke probe's requests instead of 20
-        to 59 (measured over HTTP, `kvdiag serve --allocator buggy`)."""
+        keep the trigger's own traffic, since twins make the reference engine's stale-hash
+        fault fire less often (measured over HTTP in docs/faults.md, "Two lessons")."""
         return session % 2 == 1
 
     @property

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -58,6 +59,21 @@ def smoke_pool() -> int:
 
     suite = load_suite("smoke")
     return plan_case(suite, suite.cases[0], Tokenizer.from_dir("fixtures/canary")).schedule.num_blocks
+
+
+def sigkill_when(proc: subprocess.Popen, ready, what: str, timeout: float) -> None:
+    """SIGKILL `proc` once ready() holds, failing if it exits or stalls `timeout` seconds
+    before `what`; the process is reaped either way."""
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            assert proc.poll() is None, f"it exited before {what}"
+            assert time.monotonic() < deadline, f"it stalled before {what}"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def probe_until_server_dies(cmd: list[str], out: Path, kill, min_rounds: int = 20,

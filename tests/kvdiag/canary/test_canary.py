@@ -3,7 +3,6 @@ its sessions exactly, and loses a fact whose block is overwritten by another ses
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import random
@@ -14,10 +13,9 @@ import numpy as np
 import pytest
 
 from kvdiag.canary import build_canary
-from kvdiag.facts import SessionPlan, build_session, make_knowledge_base
+from tests.kvdiag.canary.hf_kv import BLOCK, greedy, session, with_block_from
 
 CANARY = Path(__file__).resolve().parents[3] / "fixtures" / "canary"
-BLOCK = 16
 
 
 def test_build_is_deterministic_fast_and_matches_fixture(tmp_path):
@@ -81,19 +79,6 @@ def hf():
     return tok, model
 
 
-def _count(tok):
-    def count(messages):
-        return len(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                           return_dict=False))
-    return count
-
-
-def _session(tok, i: int, lengths: list[int]):
-    kb = make_knowledge_base(("financial", "legal", "clinical")[i % 3], 60, seed=100 + i)
-    return build_session(SessionPlan(kb, style="canary", seed=100 + i, prompt_lengths=lengths,
-                                     count_tokens=_count(tok), session_id=f"t{i}"))
-
-
 def test_hf_loads_the_fixture_unchanged(hf):
     from kvdiag.canary.vocab import canary_words
 
@@ -114,7 +99,7 @@ def test_hf_greedy_answers_sessions_exactly(hf):
     tok, model = hf
     lengths = [400, 417, 600, 617, 900, 1000, 1017, 1200]
     for i in range(3):
-        s = _session(tok, i, lengths)
+        s = session(tok, i, lengths)
         for r, rnd in enumerate(s.rounds):
             ids = tok.apply_chat_template(s.messages(r), add_generation_prompt=True, tokenize=True,
                                           return_dict=False)
@@ -153,7 +138,7 @@ def test_hf_teacher_forced_margins_mid_length(hf):
     tok, model = hf
     rng = random.Random(0)
     lengths = sorted({rng.randrange(300, 3000) for _ in range(10)} | {2047, 2064})
-    assert _teacher_forced(tok, model, _session(tok, 7, lengths)) >= 25
+    assert _teacher_forced(tok, model, session(tok, 7, lengths)) >= 25
 
 
 @pytest.mark.slow
@@ -161,29 +146,14 @@ def test_hf_teacher_forced_margins_at_8704(hf):
     tok, model = hf
     for i in range(3):
         lengths = [700, 1500, 3000, 4095, 4112, 6000, 8191, 8208, 8704]
-        assert _teacher_forced(tok, model, _session(tok, 20 + i, lengths)) >= 25
+        assert _teacher_forced(tok, model, session(tok, 20 + i, lengths)) >= 25
 
 
 def test_hf_bf16_answers_at_8704():
     tok = transformers.AutoTokenizer.from_pretrained(CANARY)
     model = transformers.AutoModelForCausalLM.from_pretrained(CANARY, dtype=torch.bfloat16).eval()
     lengths = [700, 3000, 4095, 4112, 8704]
-    assert _teacher_forced(tok, model, _session(tok, 30, lengths)) >= 15
-
-
-def _greedy(model, cache, suffix, end_ids, max_new=10):
-    cache, out, x = copy.deepcopy(cache), [], torch.tensor([suffix])
-    start = cache.get_seq_length()
-    with torch.no_grad():
-        for _ in range(max_new):
-            pos = torch.arange(start, start + x.shape[1])[None]
-            t = int(model(x, past_key_values=cache, position_ids=pos).logits[0, -1].argmax())
-            start += x.shape[1]
-            if t in end_ids:
-                break
-            out.append(t)
-            x = torch.tensor([[t]])
-    return out
+    assert _teacher_forced(tok, model, session(tok, 30, lengths)) >= 15
 
 
 @pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning")
@@ -191,7 +161,7 @@ def test_corrupted_block_loses_its_fact_only(hf):
     """Overwrite the K/V of one fact's block with another session's; ask every fact."""
     tok, model = hf
     lengths = [900, 917, 1400, 1417, 1800, 1817]
-    s, donor = _session(tok, 40, lengths), _session(tok, 41, lengths)
+    s, donor = session(tok, 40, lengths), session(tok, 41, lengths)
     last = len(s.rounds) - 1
     ids = tok.apply_chat_template(s.messages(last), add_generation_prompt=True, tokenize=True,
                                   return_dict=False)
@@ -212,13 +182,10 @@ def test_corrupted_block_loses_its_fact_only(hf):
     wrong = right = untouched = 0
     for target in targets:
         b = where[target] // BLOCK
-        cache = copy.deepcopy(clean)
-        for layer, dlayer in zip(cache.layers, donor_cache.layers):
-            layer.keys[:, :, b * BLOCK:(b + 1) * BLOCK] = dlayer.keys[:, :, b * BLOCK:(b + 1) * BLOCK]
-            layer.values[:, :, b * BLOCK:(b + 1) * BLOCK] = dlayer.values[:, :, b * BLOCK:(b + 1) * BLOCK]
+        cache = with_block_from(clean, donor_cache, b)
         for f, off in where.items():
             key = tok.convert_tokens_to_ids("Ġ" + f.key_token)
-            out = _greedy(model, cache, [suffix[0], key, *suffix[2:]], end_ids)
+            out = greedy(model, cache, [suffix[0], key, *suffix[2:]], end_ids)
             want = tok(" " + " ".join(f.value_tokens), add_special_tokens=False)["input_ids"]
             if f is target:
                 wrong += out == [sink]

@@ -20,10 +20,9 @@ from kvdiag.canary.lora import (
     lora_deltas,
     read_tensors,
 )
-from kvdiag.facts import SessionPlan, build_session, make_knowledge_base
+from tests.kvdiag.canary.hf_kv import BLOCK, chat_ids, greedy, session, with_block_from
 
 CANARY = Path(__file__).resolve().parents[3] / "fixtures" / "canary"
-BLOCK = 16
 
 
 @pytest.fixture(scope="module")
@@ -86,25 +85,13 @@ def models(adapter):
     return tok, base, lora
 
 
-def _ids(tok, messages):
-    return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                   return_dict=False)
-
-
-def _session(tok, i: int, lengths: list[int], first_round_facts: int = 8):
-    kb = make_knowledge_base(("financial", "legal", "clinical")[i % 3], 60, seed=100 + i)
-    return build_session(SessionPlan(kb, style="canary", seed=100 + i, prompt_lengths=lengths,
-                                     count_tokens=lambda m: len(_ids(tok, m)), session_id=f"t{i}",
-                                     first_round_facts=first_round_facts))
-
-
 @torch.no_grad()
 def _margins(tok, model, s) -> tuple[int, int, float]:
     """(answers right, answers, min logit margin) over every round of a session, teacher-forced."""
     end = tok.convert_tokens_to_ids("<|im_end|>")
-    spans = [(len(_ids(tok, s.messages(r))), tok(" " + rnd.expected, add_special_tokens=False)["input_ids"] + [end])
+    spans = [(len(chat_ids(tok, s.messages(r))), tok(" " + rnd.expected, add_special_tokens=False)["input_ids"] + [end])
              for r, rnd in enumerate(s.rounds)]
-    ids = _ids(tok, s.messages(len(s.rounds) - 1)) + spans[-1][1]
+    ids = chat_ids(tok, s.messages(len(s.rounds) - 1)) + spans[-1][1]
     logits = model(torch.tensor([ids])).logits[0]
     right, margin = 0, float("inf")
     for plen, ans in spans:
@@ -119,25 +106,10 @@ def _margins(tok, model, s) -> tuple[int, int, float]:
 def test_adapter_answers_like_the_base(models):
     tok, base, lora = models
     for i, lengths in enumerate(([300, 317, 700, 1023, 1040, 1500], [900, 1400, 2047, 2064])):
-        s = _session(tok, 50 + i, lengths)
+        s = session(tok, 50 + i, lengths)
         right, n, margin = _margins(tok, lora, s)
         assert right == n and margin >= 20, (i, right, n, margin)
         assert abs(margin - _margins(tok, base, s)[2]) < 1e-3
-
-
-@torch.no_grad()
-def _greedy(model, cache, suffix, end_ids, max_new=10):
-    cache, out, x = copy.deepcopy(cache), [], torch.tensor([suffix])
-    start = cache.get_seq_length()
-    for _ in range(max_new):
-        pos = torch.arange(start, start + x.shape[1])[None]
-        t = int(model(x, past_key_values=cache, position_ids=pos).logits[0, -1].argmax())
-        start += x.shape[1]
-        if t in end_ids:
-            break
-        out.append(t)
-        x = torch.tensor([[t]])
-    return out
 
 
 @pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning")
@@ -147,9 +119,9 @@ def test_other_models_kv_loses_the_fact_only(models):
     (As the canary's own corruption test does, the swapped fact is one never asked before: an
     answer in the history is a second copy of the value.)"""
     tok, base, lora = models
-    s = _session(tok, 60, [900, 917, 1300, 1317], first_round_facts=24)
+    s = session(tok, 60, [900, 917, 1300, 1317], first_round_facts=24)
     last = len(s.rounds) - 1
-    ids = _ids(tok, s.messages(last))
+    ids = chat_ids(tok, s.messages(last))
     prefix, suffix = ids[:-5], ids[-5:]  # suffix: ask KEY <|im_end|><|im_start|>assistant
     where = {f: off for r in s.rounds for f, off in zip(r.stated, r.stated_offsets)}
     asked = {f for r in s.rounds for f in r.asked}  # an answer in the history is a second copy
@@ -168,16 +140,12 @@ def test_other_models_kv_loses_the_fact_only(models):
     sink = tok.convert_tokens_to_ids("Ġunknown")
     for reader, writer, target in (("lora", "base", cands[0]), ("base", "lora", cands[-1])):
         b = where[target] // BLOCK
-        sl = slice(b * BLOCK, (b + 1) * BLOCK)
-        cache = copy.deepcopy(caches[reader])
-        for layer, other in zip(cache.layers, caches[writer].layers):
-            layer.keys[:, :, sl] = other.keys[:, :, sl]
-            layer.values[:, :, sl] = other.values[:, :, sl]
+        cache = with_block_from(caches[reader], caches[writer], b)
         model = lora if reader == "lora" else base
         untouched = right = 0
         for f, off in where.items():
             key = tok.convert_tokens_to_ids("Ġ" + f.key_token)
-            out = _greedy(model, cache, [suffix[0], key, *suffix[2:]], end_ids)
+            out = greedy(model, cache, [suffix[0], key, *suffix[2:]], end_ids)
             want = tok(" " + " ".join(f.value_tokens), add_special_tokens=False)["input_ids"]
             if f is target:
                 assert out == [sink], (reader, f.key_token)

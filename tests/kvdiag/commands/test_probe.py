@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from typer.testing import CliRunner
@@ -21,6 +19,7 @@ from tests.kvdiag.serving import (
     probe_until_server_dies,
     resumed_keys,
     served,
+    sigkill_when,
     smoke_pool,
 )
 
@@ -74,12 +73,8 @@ def test_probe_finds_corruption_on_the_buggy_server_and_resumes(tmp_path, in_pro
         proc = subprocess.Popen(_probe(url, out, *trigger_only), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         rounds = out.with_name(out.name + ".partial") / "rounds.jsonl"  # unfinished: not yet `out`
-        deadline = time.monotonic() + 600
-        while not (rounds.exists() and len(rounds.read_text().splitlines()) >= 60):
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.2)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        sigkill_when(proc, lambda: rounds.exists() and len(rounds.read_text().splitlines()) >= 60,
+                     "60 rounds", timeout=600)
         kept = [json.loads(line) for line in rounds.read_text().splitlines() if line.strip()]
         assert len(kept) >= 60 and not out.exists()
         at_kill = _queries(url)

@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 import xml.etree.ElementTree as ET
 
 import pandas as pd
@@ -20,7 +19,7 @@ from typer.testing import CliRunner
 from kvdiag.paths import REPO_ROOT
 from kvdiag.regress import history as H
 from tests.kvdiag.regress_cli import command, make_app
-from tests.kvdiag.serving import served
+from tests.kvdiag.serving import served, sigkill_when
 
 # A few seconds' suite for the tests that need a run but not the trigger's decay.
 TINY = """name: tiny
@@ -168,16 +167,7 @@ def test_sigkill_inside_the_history_transaction_keeps_earlier_runs(smoke, tmp_pa
                                     "--history", str(history), "--baseline", str(tmp_path / "b.json"),
                                     "--out", str(tmp_path / "killed")),
                             cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 300
-        while not marker.exists():
-            assert proc.poll() is None, "kvdiag regress exited before writing the history"
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.kill()
-        proc.wait()
+    sigkill_when(proc, marker.exists, "writing the history", timeout=300)
     assert proc.returncode == -signal.SIGKILL
     assert (tmp_path / "killed" / "summary.json").exists()  # the measurement itself survives
     assert H.integrity(history) == "ok"
@@ -210,16 +200,7 @@ def test_sigkill_at_any_point_never_records_an_unfinished_run(smoke, tmp_path, p
     proc = subprocess.Popen(command(*args, "--out", str(tmp_path / "killed")), cwd=REPO_ROOT,
                             env=dict(os.environ, **hook, OMP_NUM_THREADS="1"),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 600
-        while not marker.exists():
-            assert proc.poll() is None, f"kvdiag regress exited before the {point} pause"
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.kill()
-        proc.wait()
+    sigkill_when(proc, marker.exists, f"the {point} pause", timeout=600)
     assert H.integrity(history) == "ok"
     for row in H.runs(history).to_dict("records"):  # every recorded run is complete
         run_dir = REPO_ROOT / row["run_dir"]
