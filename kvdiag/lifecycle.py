@@ -1,4 +1,4 @@
-"""The one lifecycle every kind of run goes through (ARCHITECTURE.md, "Targets and the run
+"""The one lifecycle every kind of run goes through (docs/architecture.md, "The run
 lifecycle"), each step in its own place:
 
     plan      the command checks its input and opens a run directory (kvdiag.rundir)

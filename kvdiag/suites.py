@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BeforeValidator, ConfigDict, TypeAdapter, ValidationError
+from pydantic import BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
 
 from kvdiag.errors import KvdiagError, SuiteError
 from kvdiag.paths import SUITES
@@ -25,32 +25,36 @@ from kvdiag.vocab import STYLES
 
 # YAML has no NaN literal: a suite writes "nan" (vLLM #35138's other tenant fills with NaN)
 Fill = Annotated[float, BeforeValidator(lambda v: math.nan if isinstance(v, str) and v.lower() == "nan" else v)]
+# every number of a suite is range-checked on load, the field named (suite.yaml.block_size: ...)
+Positive = Annotated[int, Field(gt=0)]
+Count = Annotated[int, Field(ge=0)]
+Share = Annotated[float, Field(ge=0.0, le=1.0)]
 
 
 @dataclass(frozen=True)
 class Case:
     name: str
     condition: str = "trigger"  # one of kvdiag.scenarios.CONDITIONS
-    sessions: int = 16
-    rounds: int = 12
-    shared_prefix: int = 3072  # tokens of the system prompt every session shares
-    boundary: int = 4096  # the block boundary histories jump across (4095 -> 4112)
-    start_range: tuple[int, int] = (3780, 4040)  # first prompt length of non-jumping sessions
-    pressure_round: int = 3  # the pool holds the histories as they stand after this round
-    max_think: int = 40  # engine steps a user may wait between turns
-    recite_every: int = 4  # every Nth round asks for a recitation (0: never)
-    new_facts: tuple[int, ...] = (0, 0, 1, 2)  # facts a later round states, drawn from these
-    ask_recent: float = 0.7  # a question targets the last two rounds' facts this often
-    ask_new: float = 0.3  # ... and a fact stated in the same round this often
-    max_tokens: int = 48
+    sessions: Positive = 16
+    rounds: Positive = 12
+    shared_prefix: Count = 3072  # tokens of the system prompt every session shares
+    boundary: Positive = 4096  # the block boundary histories jump across (4095 -> 4112)
+    start_range: tuple[Positive, Positive] = (3780, 4040)  # first prompt length of non-jumping sessions
+    pressure_round: Count = 3  # the pool holds the histories as they stand after this round
+    max_think: Count = 40  # engine steps a user may wait between turns
+    recite_every: Count = 4  # every Nth round asks for a recitation (0: never)
+    new_facts: tuple[Count, ...] = (0, 0, 1, 2)  # facts a later round states, drawn from these
+    ask_recent: Share = 0.7  # a question targets the last two rounds' facts this often
+    ask_new: Share = 0.3  # ... and a fact stated in the same round this often
+    max_tokens: Positive = 48
     allocators: tuple[str, ...] = ()  # empty: the suite's allocators
     default: bool = True  # run by `kvdiag reproduce` without --cases
     ablation: bool = False  # a control: every allocator must stay flat
     recycled_block_fill: Fill | None = None  # nan models vLLM #35138's other tenant
     capture_attention: bool = True
-    seed: int | None = None  # None: the suite's seed
+    seed: Count | None = None  # None: the suite's seed
     style: str | None = None  # None: the suite's (canary or natural)
-    min_turn: int = 0  # a user turn adds at least this many tokens (long-answer-bearing turns)
+    min_turn: Count = 0  # a user turn adds at least this many tokens (long-answer-bearing turns)
 
 
 @dataclass(frozen=True)
@@ -60,12 +64,12 @@ class Suite:
     description: str = ""
     style: str = "canary"
     model: str | None = None  # a model directory; None: the bundled canary
-    seed: int = 0
-    block_size: int = 16
-    max_num_seqs: int = 16
+    seed: Count = 0
+    block_size: Positive = 16
+    max_num_seqs: Positive = 16
     allocators: tuple[str, ...] = ("buggy", "guarded")
     flavours: tuple[str, ...] = ("financial", "legal", "clinical")
-    facts_per_session: int = 48
+    facts_per_session: Positive = 48
     cases: tuple[Case, ...] = ()
 
     def case(self, name: str) -> Case:

@@ -7,7 +7,7 @@ Pydantic rather than dataclasses: the schema is generated from the same classes 
 the summary, so the published schema cannot drift from what runs write, and validation
 errors name the field.
 
-Contract (shared/ARCHITECTURE.md): `signature`, `suite`, `verdict`, `rounds` (each with
+Contract (docs/architecture.md): `signature`, `suite`, `verdict`, `rounds` (each with
 target, allocator, round, block_reuse_rate, attention_leakage, bleu4, fact_check_pass_rate,
 foreign_slots, guard_rejections), `sqdr`, `brai`, `wall_seconds`. Fields may be added, none
 renamed; SCHEMA_VERSION counts the additions.
@@ -142,7 +142,7 @@ class ProbeSummary(Summary):
              "corrupted_requests", "numerics_requests", "noise_floor", "isolation",
              "server_prefix_cache", "server", "recycling", "first_divergences",
              "inconclusive_reason", "ground_truth", "divergence_by_request", "traffic",
-             "prompt_logprobs", "target_spec")
+             "prompt_logprobs", "key_coverage", "target_spec")
     OMIT_NONE = frozenset({"first_divergences", "inconclusive_reason", "target_spec"})
     kind: Literal["probe"] = "probe"
     cases: list[str]
@@ -152,7 +152,8 @@ class ProbeSummary(Summary):
     corruption_rounds: list[int]
     corrupted_requests: int
     numerics_requests: int
-    noise_floor: dict[str, Num]
+    noise_floor: dict[str, Any] = Field(description="repeated isolated runs: pairs, the margin of "
+                                        "each that diverged, and the numerics margin it is held to")
     isolation: Literal["cache_salt", "reset_prefix_cache"]
     server_prefix_cache: dict[str, Opt]
     server: dict[str, Any]
@@ -170,6 +171,9 @@ class ProbeSummary(Summary):
     prompt_logprobs: dict[str, Any] = Field(
         default_factory=dict, description="twins' prompt logprobs checked against their isolated "
         "rounds': checked, mismatched, rounds")
+    key_coverage: dict[str, Any] = Field(
+        default_factory=dict, description="the over-hit oracle (requests checked, over-hits and "
+        "their examples) and the differential phase's pairs (kvdiag.runners.live.coverage)")
     target_spec: str | None = None
 
 

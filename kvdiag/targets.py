@@ -84,4 +84,19 @@ def endpoint_target(base_url: str | None, target: str | None, model: str | None)
                           "sglang-local[:FAULT]")
     if spec is None and not model:
         raise KvdiagError("--base-url needs --model NAME (as the server serves it)")
+    if spec is None:
+        check_url(base_url, "--base-url")
     return spec or Target(base_url, url=base_url)
+
+
+def check_url(url: str, option: str) -> str:
+    """An endpoint URL, refused at once unless http:// or https:// with a host."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise KvdiagError(f"{option} {url!r}: the scheme must be http or https, not "
+                          f"{parts.scheme or 'none'}")
+    if not parts.netloc:
+        raise KvdiagError(f"{option} {url!r}: no host")
+    return url

@@ -18,7 +18,8 @@ The judges, by kind of run (each returns a Judgement: the verdict and one senten
     judge_reference   reproduce: clean series flat, faulty series caught, trigger reached
     judge_gate        verify --expect-guard / --expect-bug on one allocator
     judge_series      one series under test (regress on the reference engine)
-    judge_probe       a live server: corruption, recycling observed, ground truth sound
+    judge_probe       a live server: corruption, over-hits, recycling observed, ground truth
+                      proved (every isolated request reported 0 cached tokens) and stable
     judge_audit       vLLM's allocator replayed: foreign reads, invariants, recycling
     judge_isolation   the tenant-isolation audit: judged configurations vs the control
     judge_regress     a run against its baseline, never better than its own ground truth
@@ -75,8 +76,8 @@ class Verdict(str, enum.Enum):
 
     @classmethod
     def worst(cls, verdicts: Iterable[Verdict]) -> Verdict:
-        """fail > error > inconclusive > pass; pass for none."""
-        return max(verdicts, key=_RANK.__getitem__, default=cls.PASS)
+        """fail > error > inconclusive > pass; error for none (no evidence is never a pass)."""
+        return max(verdicts, key=_RANK.__getitem__, default=cls.ERROR)
 
 
 _EXIT = {Verdict.PASS: 0, Verdict.FAIL: 1, Verdict.INCONCLUSIVE: 2, Verdict.ERROR: 2}
@@ -190,38 +191,146 @@ def judge_series(findings: list[str], recycled: bool, name: str) -> Judgement:
 
 
 # --- live servers ---------------------------------------------------------------------------
-def judge_probe(*, corrupted: int, rounds: list[int], recycling_observed: bool,
-                recycling_how: str, contaminated: int, isolated: int, isolation: str,
-                pool: str, logprob_mismatches: int = 0, logprob_rounds: list[int] = ()) -> Judgement:
-    """A live probe. fail: a shared answer decisively departed from its isolated twin (whatever
-    else: a healthy cache gives two runs of one prompt the same greedy answer), or prompt
-    logprobs did; error: no such departure, but isolated requests (or first requests after a
-    reset) reported cached tokens (`contaminated`): the ground truth is unsound, so no pass
-    can be claimed; inconclusive: no recycling observed; pass otherwise.
-    `logprob_mismatches`: requests whose prompt logprobs departed from their isolated twin's
-    (positions served from the cache whose logprobs were never computed)."""
-    if corrupted:  # two runs of one prompt that decisively disagree: whichever side the
-        # cache served wrong, a healthy cache gives neither (even with the ground truth hit)
-        also = (f"; and {contaminated} of {isolated} isolated requests hit the cache"
-                if contaminated else "")
-        return Judgement(Verdict.FAIL, f"{corrupted} request{'s' * (corrupted != 1)} answered from "
-                         "the shared prefix cache departed from the cache-isolated run beyond the "
-                         f"noise floor (rounds {', '.join(map(str, rounds))}){also}")
-    if logprob_mismatches:
-        return Judgement(Verdict.FAIL, f"{logprob_mismatches} request{'s' * (logprob_mismatches != 1)}"
-                         "' prompt logprobs departed from the cache-isolated run's (rounds "
-                         f"{', '.join(map(str, logprob_rounds))}): positions served from the cache")
-    if contaminated:
-        via = "a fresh cache_salt" if isolation == "cache_salt" else "an emptied prefix cache"
-        return Judgement(Verdict.ERROR, f"ground truth contaminated: {contaminated} of {isolated} "
+# How each live server's flag that makes it report cached tokens reads, for the messages.
+CACHED_TOKEN_FLAGS = ("vLLM: --enable-prompt-tokens-details; SGLang: --enable-cache-report; "
+                      "a proxy must pass usage.prompt_tokens_details.cached_tokens through")
+
+
+def classify_divergence(margin: float, numerics_margin: float) -> str:
+    """A shared answer's first departure from its isolated twin: `numerics` when the isolated
+    run preferred its own token there by no more than `numerics_margin` nats (a near-tie that
+    batch-dependent kernels can flip), `corruption` otherwise (a decisive answer changed,
+    which numerics do not do). NaN margin: no departure (`match`)."""
+    if margin != margin:  # NaN
+        return "match"
+    return "numerics" if margin <= numerics_margin else "corruption"
+
+
+def logprob_departed(same_token: bool, difference: float, numerics_margin: float) -> bool:
+    """A prompt position whose logprob, shared against isolated, names another token or
+    differs by more than the numerics margin: served from the cache, never computed."""
+    return not same_token or difference > numerics_margin
+
+
+def over_hit(cached: int | None, bound: int | None) -> bool:
+    """A request whose server-reported cached tokens exceed the most any earlier request of its
+    namespace could have cached for it (kvdiag.runners.live.oracle): the cache served a block
+    whose tokens differ from the request's, or the server's accounting over-reports."""
+    return cached is not None and bound is not None and cached > bound
+
+
+@dataclass(frozen=True)
+class ProbeEvidence:
+    """What a live probe measured, raw: the judge classifies (runners/live/ never does).
+
+    divergences      per shared request that departed from its isolated twin: (round, margin)
+    floor_margins    per pair of isolated runs of one request that departed: the margin
+    numerics_margin  nats: the most a near-tie may be preferred by and still be numerics
+    isolated         isolated requests sent; `contaminated` reported cached tokens > 0,
+                     `unchecked` reported no count at all
+    recycling        {"observed": bool, "how": str}; `requires_recycling` False for a run of
+                     the differential phase alone (key coverage needs no recycling)
+    hits             per request the oracle bounded: {"what", "cached", "bound", "margin"}
+                     (margin: its answer against its isolated twin's; None without one)
+    oracle           {"available": bool, "checked": int}
+    logprob_departures  (round) per prompt-logprob request that departed
+    """
+
+    divergences: list[tuple[str, float]]
+    floor_margins: list[float]
+    numerics_margin: float
+    isolated: int
+    contaminated: int
+    unchecked: int
+    isolation: str
+    recycling: dict
+    pool: str
+    hits: list[dict] = field(default_factory=list)
+    oracle: dict = field(default_factory=dict)
+    logprob_departures: list[int] = field(default_factory=list)
+    answered: int = 0  # shared requests compared with their isolated twins
+    requires_recycling: bool = True
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' * (n != 1)}"
+
+
+def judge_probe(e: ProbeEvidence) -> Judgement:
+    """A live probe. In order:
+    fail          a shared answer decisively departed from its isolated twin (a healthy cache
+                  gives two runs of one prompt the same greedy answer, whatever else went
+                  wrong); a request reported more cached tokens than any earlier request could
+                  have cached for it (over-hit); prompt logprobs departed
+    error         isolated requests hit the cache (contaminated) or reported no count at all
+                  (unchecked): the ground truth is unproved; or two isolated runs of one
+                  request decisively disagreed: the ground truth is unstable
+    inconclusive  no recycling observed (or not observable): the trigger was not reached
+    pass          otherwise, naming what was covered
+    details: {"corrupted", "numerics", "unstable_floor", "over_hits", "logprob_mismatches"}."""
+    def decisive(m) -> bool:
+        return m is not None and classify_divergence(m, e.numerics_margin) == "corruption"
+
+    corrupt = [r for r, m in e.divergences if decisive(m)]
+    unstable = [m for m in e.floor_margins if decisive(m)]
+    over = [h for h in e.hits if over_hit(h["cached"], h["bound"])]
+    details = {"corrupted": len(corrupt), "numerics": len(e.divergences) - len(corrupt),
+               "unstable_floor": len(unstable), "over_hits": len(over),
+               "over_hit_examples": over[:10], "logprob_mismatches": len(e.logprob_departures)}
+    also = []
+    if e.contaminated:
+        also.append(f"{e.contaminated} of {e.isolated} isolated requests hit the cache")
+    if unstable:
+        also.append(f"{len(unstable)} pair(s) of isolated runs decisively disagreed")
+    tail = f"; and {'; '.join(also)}" if also else ""
+    findings = []
+    if corrupt:
+        findings.append(f"{_plural(len(corrupt), 'request')} answered from the shared prefix cache "
+                        f"departed decisively (by a margin above {e.numerics_margin:g} nats) from the "
+                        f"cache-isolated run (rounds {', '.join(map(str, sorted(set(corrupt))))})")
+    if over:
+        first, compared = over[0], [h for h in over if h["margin"] is not None]
+        departed = sum(decisive(h["margin"]) for h in compared)
+        findings.append(f"over-hit: {_plural(len(over), 'request')} reported more cached tokens "
+                        "than any earlier request of their namespace shares with them (first: "
+                        f"{first['what']}, {first['cached']} cached, at most {first['bound']} "
+                        "possible): the cache served blocks whose tokens differ from the request's, "
+                        "or the server's accounting over-reports; the answers say which: "
+                        f"{departed} of the {len(compared)} with an isolated twin departed from it "
+                        "decisively")
+    if e.logprob_departures:
+        findings.append(f"{_plural(len(e.logprob_departures), 'request')}' prompt logprobs departed "
+                        "from the cache-isolated run's (rounds "
+                        f"{', '.join(map(str, sorted(set(e.logprob_departures))))}): positions served "
+                        "from the cache")
+    if findings:
+        return Judgement(Verdict.FAIL, "; ".join(findings) + tail, details)
+    if e.contaminated:
+        via = "a fresh cache_salt" if e.isolation == "cache_salt" else "an emptied prefix cache"
+        return Judgement(Verdict.ERROR, f"ground truth contaminated: {e.contaminated} of {e.isolated} "
                          f"isolated requests hit the cache despite {via}, so no answer can be "
-                         "judged against them")
-    if not recycling_observed:
+                         "judged against them", details)
+    if e.unchecked or not e.isolated:
+        return Judgement(Verdict.ERROR, f"ground truth unproved: {e.unchecked} of {e.isolated} isolated "
+                         "requests reported no cached-token count, so their isolation from the "
+                         f"cache cannot be checked; turn it on ({CACHED_TOKEN_FLAGS})", details)
+    if unstable:
+        return Judgement(Verdict.ERROR, f"ground truth unstable: {len(unstable)} of "
+                         f"{len(e.floor_margins)} diverging pair(s) of cache-isolated runs of one "
+                         f"request disagreed decisively (worst margin {max(unstable):.2f} nats > "
+                         f"{e.numerics_margin:g}): the server is not deterministic enough for any "
+                         "answer to be judged against its isolated twin", details)
+    if e.requires_recycling and not e.recycling["observed"]:
         return Judgement(Verdict.INCONCLUSIVE, f"trigger not reached: no recycling observed "
-                         f"({recycling_how}; server pool {pool})")
-    return Judgement(Verdict.PASS, "every request answered from the shared prefix cache matched "
-                     "its cache-isolated run, or departed only within the noise floor, with "
-                     f"recycled blocks observed ({recycling_how})")
+                         f"({e.recycling['how']}; server pool {e.pool})", details)
+    oracle = (f"{e.oracle['checked']} requests' cached tokens within the over-hit bound"
+              if e.oracle.get("available") else "over-hit oracle unavailable")
+    recycled = (f"recycled blocks observed ({e.recycling['how']})" if e.recycling["observed"]
+                else "no recycling needed (differential phase only)")
+    return Judgement(Verdict.PASS, f"{e.answered} requests answered from the shared prefix cache matched "
+                     f"their cache-isolated runs (or departed within {e.numerics_margin:g} nats), with "
+                     f"{recycled}; ground truth: {e.isolated} isolated requests reported 0 cached "
+                     f"tokens; {oracle}", details)
 
 
 def judge_audit(*, corrupted_rounds: list[int], invariant_violations: int, cross_tenant_hits: int,
@@ -275,20 +384,27 @@ def judge_isolation(cells: list[dict], lengths, error: str | None) -> Judgement:
 
 
 # --- runs of runs ---------------------------------------------------------------------------
-def judge_regress(ground_truth: Verdict, ground_reason: str, regressed: list[str]) -> Judgement:
+def judge_regress(ground_truth: Verdict, ground_reason: str, regressed: list[str],
+                  missing: list[str] = ()) -> Judgement:
     """A run against its baseline: at best as good as its own ground truth. A regression
-    against the baseline fails it whatever the ground truth said; otherwise the ground
-    truth's verdict stands (an inconclusive run stays inconclusive when every metric
-    matches its baseline)."""
+    against the baseline fails it whatever the ground truth said; a comparison that covered
+    less than the baseline measured (`missing`: cases, rounds or metrics) is an error, never a
+    pass; otherwise the ground truth's verdict stands (an inconclusive run stays inconclusive
+    when every metric matches its baseline)."""
     if regressed:
         return Judgement(Verdict.FAIL, f"regressed against the baseline: {', '.join(regressed)}")
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        return Judgement(Verdict.ERROR, f"the run lacks what its baseline measured ({shown}): a "
+                         "comparison of fewer rows proves nothing")
     if ground_truth is Verdict.PASS:
         return Judgement(Verdict.PASS, f"no regression; {ground_reason}")
     return Judgement(ground_truth, ground_reason)
 
 
 def judge_fleet(cells: Iterable[Verdict]) -> Judgement:
-    """Every cell's verdict: the worst wins (a dead cell is an error, never a pass)."""
+    """Every cell's verdict: the worst wins (a dead cell is an error, never a pass; no cell at
+    all is an error too)."""
     cells = list(cells)
     verdict = Verdict.worst(cells)
     counts = ", ".join(f"{sum(c is v for c in cells)} {v.value}" for v in Verdict
@@ -305,15 +421,24 @@ def expected_detection(live: str | None, path: str) -> Verdict:
     return Verdict.ERROR if path == "live" and live == "probe-reset" else Verdict.FAIL
 
 
+def caught_as_expected(got: Verdict, want: Verdict) -> bool:
+    """A detection-matrix row: its measured verdict is the one expected, or a FAIL where an
+    ERROR was expected (the fault was caught outright, not merely through the ground truth it
+    breaks)."""
+    return got is want or (want is Verdict.ERROR and got is Verdict.FAIL)
+
+
 def judge_matrix(rows: Iterable[tuple[str, Verdict, Verdict]]) -> Judgement:
     """The detection matrix: (fault, verdict measured, verdict expected) per row. Healthy must
     pass (no false positive) and every fault must give its expected verdict. fail when a row
     missed (a fault judged pass, or healthy not pass); inconclusive when a row could not reach
-    its trigger; else pass."""
+    its trigger; error for no rows at all; else pass."""
     rows = list(rows)
-    missed = [f for f, got, want in rows if got is not want and
-              (got is Verdict.PASS or want is Verdict.PASS)]
-    unreached = [f for f, got, want in rows if got is not want and f not in missed]
+    if not rows:
+        return Judgement(Verdict.ERROR, "the detection matrix has no rows: nothing was measured")
+    off = [(f, got, want) for f, got, want in rows if not caught_as_expected(got, want)]
+    missed = [f for f, got, want in off if got is Verdict.PASS or want is Verdict.PASS]
+    unreached = [f for f, _, _ in off if f not in missed]
     if missed:
         return Judgement(Verdict.FAIL, f"not detected as expected: {', '.join(missed)}")
     if unreached:

@@ -1,4 +1,4 @@
-"""The words every part of kvdiag shares (ARCHITECTURE.md's vocabulary), each defined once.
+"""The words every part of kvdiag shares (docs/architecture.md's vocabulary), each defined once.
 Torch-free and import-free, so suites, metrics, runners, reports and the CLI can all use it."""
 
 from reference_engine.log_lines import GUARD_LOG_LINE, PAGED_ATTENTION_LINE

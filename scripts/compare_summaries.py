@@ -30,7 +30,7 @@ def normalized(path: str, added: set[str] = frozenset()) -> str:
 
 def added_keys(old: str, new: str) -> set[str]:
     """Top-level keys NEW has and OLD lacks, when NEW was written by a newer schema version
-    (fields may be added, none renamed: shared/ARCHITECTURE.md)."""
+    (fields may be added, none renamed: docs/architecture.md)."""
     a, b = (json.loads(Path(p).read_text()) for p in (old, new))
     if int(b.get("schema_version", 1)) <= int(a.get("schema_version", 1)):
         return set()

@@ -1,5 +1,5 @@
 """What every command shares: option aliases and option groups (each defined once) and the
-error boundary that turns bad input into one line and exit code 2 (ARCHITECTURE.md: 0 pass,
+error boundary that turns bad input into one line and exit code 2 (docs/architecture.md: 0 pass,
 1 check failed, 2 the run could not be made). Output and progress live in
 kvdiag.report.console, beside the renderers."""
 

@@ -41,8 +41,10 @@ def probe(
     think_scale: Annotated[float, typer.Option("--think-scale", min=0.0, help="Seconds per think step "
                                                "between a session's turns.")] = 0.02,
     numerics_margin: Annotated[float, typer.Option("--numerics-margin", min=0.0, help="Nats: a divergence "
-                                                   "at a smaller margin (or within the noise floor) counts "
-                                                   "as numerics, not corruption.")] = 1.0,
+                                                   "at a smaller margin counts as numerics, a larger one "
+                                                   "as corruption; two isolated runs of one request that "
+                                                   "part at a larger one make the ground truth unstable "
+                                                   "(error).")] = 1.0,
     floor_sessions: Annotated[int, typer.Option("--floor-sessions", min=1, help="Sessions whose isolated "
                                                 "rounds are repeated to measure the noise floor.")] = 4,
     count_with: Annotated[str, typer.Option("--count-with", help="How to count prompt tokens while "
@@ -67,6 +69,14 @@ def probe(
     spread: Annotated[bool, typer.Option("--spread/--no-spread", help="Cut each session's system prompt "
                                          "so that sessions diverge at every slot offset of a block "
                                          "(reaches block hashes that leave part of a block out).")] = True,
+    differential: Annotated[bool, typer.Option("--differential/--no-differential", help="First send "
+                                               "pairs of short requests identical but for one part of a "
+                                               "block's key (each slot offset, a range, token order, the "
+                                               "parent chain, salt, adapter, a cache reset), each checked "
+                                               "by the over-hit oracle and against its isolated twin.")] = True,
+    differential_only: Annotated[bool, typer.Option("--differential-only", help="Only the differential "
+                                                    "phase: a quick key-coverage check of a production "
+                                                    "server (seconds; no recycling needed).")] = False,
     resume: ResumeOpt = None,
     out_dir: OutOpt = None,
     as_json: JsonOpt = False,
@@ -74,11 +84,14 @@ def probe(
     """Probe a live server: every round twice, sharing the cache and isolated with a fresh
     cache_salt; classify each divergence as numerics or corruption against a measured noise
     floor. The plan follows the server's own block size and pool, and adds pressure sessions
-    until freed blocks are recycled. Every isolated request must report 0 cached tokens, or the
-    ground truth is contaminated. Exit 0: no corruption, with recycling observed and a sound
-    ground truth; 1: corruption found (the rounds are named); 2: the run could not be made
-    (server down, bad suite, an adapter it does not serve), the server never recycled a block
-    (inconclusive: the trigger was not reached), or isolated requests hit the cache (error).
+    until freed blocks are recycled. Every request's reported cached tokens are held against the
+    most the requests sent before it could have cached for it (the over-hit oracle). Every
+    isolated request must report 0 cached tokens. Exit 0: no corruption and no over-hit, with
+    recycling observed and a proved, stable ground truth; 1: corruption or an over-hit found
+    (named); 2: the run could not be made (server down, bad suite, an adapter it does not serve),
+    the server never recycled a block (inconclusive: the trigger was not reached), or the ground
+    truth is unsound (error: isolated requests hit the cache, reported no count, or two of them
+    disagreed decisively).
 
     Example: kvdiag probe --base-url http://127.0.0.1:8000 --model canary --suite smoke
 
@@ -91,7 +104,8 @@ def probe(
     settings = ProbeSettings(concurrency=concurrency, think_scale=think_scale, block_size=block_size,
                              floor_sessions=floor_sessions, numerics_margin=numerics_margin,
                              num_blocks=num_blocks, adapter=adapter, isolation=isolation,
-                             twins=twins, spread=spread)
+                             twins=twins, spread=spread, differential=differential or differential_only,
+                             differential_only=differential_only)
     out.finish(run(suite, case, style, base_url=base_url, target=target, model=model,
                    api_key=api_key, settings=settings, count_with=count_with, resume=resume,
                    out_dir=out_dir, info=out.info, warn=out.warn, progress=out.progress))

@@ -96,19 +96,29 @@ baseline_app = typer.Typer(help="Regression baselines.", no_args_is_help=True)
 def baseline_update(
     run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="A run directory made by `kvdiag regress`.")],
     baseline: BaselineOpt = DEFAULT_BASELINE,
-    force: Annotated[bool, typer.Option("--force", help="Accept a run that failed its own "
-                                        "ground-truth check.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Accept a run whose verdict is not pass "
+                                        "(inconclusive, error or fail); recorded in the history.")] = False,
+    history_path: HistoryOpt = DEFAULT_HISTORY,
     as_json: JsonOpt = False,
 ) -> None:
     """Make RUN_DIR the baseline of its key (engine, version, model, flags, suite), replacing
-    the one stored for that key; baselines of other keys stay.
+    the one stored for that key; baselines of other keys stay. Only a run that passed becomes
+    a baseline (exit 2 otherwise) unless --force; every update is recorded in the history.
 
     Example: kvdiag baseline update reports/regress-weekly-20261130-221500
     """
-    from kvdiag.regress import baselines as B
+    from datetime import datetime, timezone
 
-    new = B.from_run(run_dir, force=force)
+    from kvdiag.regress import baselines as B
+    from kvdiag.regress import history as H
+
+    new, verdict = B.from_run(run_dir, force=force)
     replaced, count = B.update(baseline, new)
+    H.record_baseline(history_path, {
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "baseline_file": str(baseline), "key_id": new.key.id, "run_id": new.run_id,
+        "verdict": verdict, "forced": int(verdict != "pass"),
+        "reason": f"--force: the run's verdict was {verdict}" if verdict != "pass" else None})
     was = f" (replacing run {replaced.run_id})" if replaced else ""
     Output(as_json).show(
         {"baseline": str(baseline), "key_id": new.key.id, "run_id": new.run_id,

@@ -38,7 +38,8 @@ def summary_fields(run: AuditRun, label: str, seed: int, fault: str | None,
     signature = Signature(engine=f"vllm-replay:{run.vllm_version}", allocators=tuple(allocators),
                           block_size=cfg.block_size, model=label, suite=cfg.suite, seed=seed)
     # the rows of every series, judged as reproduce judges them, for the page's tables
-    shown = judge_reference(run.metrics["rounds"], [(cfg.case, False)], {cfg.case: {VLLM: 1}})
+    shown = judge_reference(run.metrics["rounds"], [(cfg.case, False)],
+                            {cfg.case: {VLLM: run.section["recycled_blocks"]}})
     return run.metrics | {
         "signature": signature.format(), "suite": cfg.suite, "cases": [cfg.case],
         "targets": [run.vllm.target] + ([run.ours.target] if run.ours else []),

@@ -23,7 +23,7 @@ from kvdiag.errors import KvdiagError
 from kvdiag.lifecycle import finish_run, no_progress
 from kvdiag.results import RunResult, Signature, model_label
 from kvdiag.summary import MatrixSummary
-from kvdiag.verdicts import Verdict, expected_detection, judge_matrix
+from kvdiag.verdicts import Verdict, caught_as_expected, expected_detection, judge_matrix
 
 HEALTHY = "healthy"
 PATHS = ("audit", "live")
@@ -66,7 +66,7 @@ def row(name: str, fault: Fault | None, path: str, verdict: Verdict, reason: str
     return {"fault": name, "path": path, "class": fault.fault_class if fault else "-",
             "reports": "; ".join(fault.reports) if fault else "",
             "verdict": verdict.value, "expected": want.value,
-            "caught": verdict is want, "corrupted": facts.get("corrupted"),
+            "caught": caught_as_expected(verdict, want), "corrupted": facts.get("corrupted"),
             "first_round": facts.get("first_round"), "requests_to_first": facts.get("requests_to_first"),
             "numerics": facts.get("numerics"), "seconds": round(seconds, 1),
             "run_dir": facts.get("run_dir"), "reason": reason}

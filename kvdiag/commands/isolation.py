@@ -34,13 +34,13 @@ def audit_target(base_url: str | None, target: str | None, model: str | None,
     from kvdiag.errors import KvdiagError
     from kvdiag.paths import CANARY
     from kvdiag.rundir import check_writable
-    from kvdiag.targets import Target, parse_target
+    from kvdiag.targets import Target, check_url, parse_target
 
     check_writable(options.get("history"), "--history")  # before a server is started for it
     if (base_url is None) == (target is None):
         raise KvdiagError("give --base-url URL --model NAME, or --target reference:ALLOCATOR / "
                           "vllm-local[:FAULT] / sglang-local[:FAULT]")
-    spec = parse_target(target) if target else Target(base_url, url=base_url)
+    spec = parse_target(target) if target else Target(check_url(base_url, "--base-url"), url=base_url)
     if spec.url is not None:
         if not model:
             raise KvdiagError(f"{spec.url}: --model NAME (as the server serves it) is required")

@@ -20,19 +20,33 @@ from kvdiag.runners.live.phases import ISOLATED, SHARED
 from kvdiag.runners.live.probe_run import ProbeRun
 from kvdiag.suites import Suite, load_cases
 from kvdiag.summary import ProbeSummary
-from kvdiag.verdicts import Judgement, Verdict, judge_probe
+from kvdiag.verdicts import Judgement, ProbeEvidence, Verdict, judge_probe
+
+
+def evidence(run: ProbeRun) -> ProbeEvidence:
+    """What the probe measured, raw, as judge_probe reads it."""
+    pool = "unknown" if run.server.num_blocks is None else f"{run.server.num_blocks} blocks"
+    shared = run.shared
+    departed = shared[shared["first_divergence"].notna()]
+    pairs = run.key_coverage.get("differential", [])
+    divergences = [(str(int(r)), float(m)) for r, m in zip(departed["round"], departed["divergence_margin"])]
+    divergences += [("differential", p["margin"]) for p in pairs
+                    if p["margin"] is not None and p["margin"] == p["margin"]]
+    oracle = run.key_coverage.get("oracle", {})
+    return ProbeEvidence(
+        divergences=divergences, floor_margins=run.noise_floor["margins"],
+        numerics_margin=run.noise_floor["numerics_margin"], isolated=run.ground_truth["isolated"],
+        contaminated=run.ground_truth["contaminated"], unchecked=run.ground_truth["unchecked"],
+        isolation="cache_salt" if run.salted else "reset_prefix_cache", recycling=run.recycling,
+        pool=f"{pool} of {run.server.block_size} tokens, {len(run.pressure)} pressure sessions",
+        hits=oracle.get("hits", []), oracle=oracle,
+        logprob_departures=run.prompt_logprobs.get("departed", []),
+        answered=len(shared) + sum(p["margin"] is not None for p in pairs),
+        requires_recycling=not run.traffic.get("differential_only", False))
 
 
 def judge(run: ProbeRun) -> Judgement:
-    pool = "unknown" if run.server.num_blocks is None else f"{run.server.num_blocks} blocks"
-    return judge_probe(
-        corrupted=run.count("corruption"), rounds=run.corruption_rounds,
-        recycling_observed=run.recycling["observed"], recycling_how=run.recycling["how"],
-        contaminated=run.ground_truth["contaminated"], isolated=run.ground_truth["isolated"],
-        isolation="cache_salt" if run.salted else "reset_prefix_cache",
-        pool=f"{pool} of {run.server.block_size} tokens, {len(run.pressure)} pressure sessions",
-        logprob_mismatches=run.prompt_logprobs.get("mismatched", 0),
-        logprob_rounds=run.prompt_logprobs.get("rounds", []))
+    return judge_probe(evidence(run))
 
 
 def summary_fields(run: ProbeRun, suite: Suite, verdict: Judgement, *, model_label: str | None = None,
@@ -63,7 +77,16 @@ def summary_fields(run: ProbeRun, suite: Suite, verdict: Judgement, *, model_lab
         "inconclusive_reason": verdict.reason if verdict.verdict is Verdict.INCONCLUSIVE else None,
         "ground_truth": run.ground_truth, "divergence_by_request": run.by_request,
         "traffic": run.traffic, "prompt_logprobs": run.prompt_logprobs,
-        "target_spec": target_spec}
+        "key_coverage": _key_coverage(run, verdict), "target_spec": target_spec}
+
+
+def _key_coverage(run: ProbeRun, verdict: Judgement) -> dict:
+    """summary.json's key_coverage: the oracle's counts and the over-hits the judge found (not
+    every request's bound), and the differential phase's pairs."""
+    oracle = {k: v for k, v in run.key_coverage.get("oracle", {}).items() if k != "hits"}
+    return {"oracle": oracle | {"over_hits": verdict.details.get("over_hits", 0),
+                                "examples": verdict.details.get("over_hit_examples", [])},
+            "differential": run.key_coverage.get("differential", [])}
 
 
 def probe(suite: str, case: str | None = None, style: str | None = None, *,

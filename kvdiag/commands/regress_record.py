@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 from kvdiag.regress import history as H
-from kvdiag.regress.compare import Check, compare, regressed_rounds
+from kvdiag.regress.compare import Check, compare, regressed_rounds, unmatched
 from kvdiag.results import RunResult
 from kvdiag.summary import RegressProbeSummary, RegressReferenceSummary
 from kvdiag.verdicts import Judgement, Verdict, judge_regress, judge_series
@@ -56,14 +56,17 @@ def record(p, opts, measured, cold: bool, timer) -> RunResult:
     series = measure(frame, p.target.allocator)
     base = p.baseline.measurement if p.baseline else None
     checks: list[Check] = []
+    missing: list[str] = []
     if base is not None:
         # block reuse from a warm cache (earlier runs, other traffic) is no anomaly
-        checks = compare(series, base, opts.tolerances, skip=() if cold else ("brai",),
-                         per_round_brai=p.target.is_reference)
+        skip = () if cold else ("brai",)
+        checks = compare(series, base, opts.tolerances, skip=skip, per_round_brai=p.target.is_reference)
+        missing = unmatched(series, base, skip)
     failed = [c for c in checks if not c.passed]
     regressed = regressed_rounds(failed)
     verdict = judge_regress(truth.verdict, truth.reason,
-                            [f"{m} (rounds {', '.join(map(str, r))})" for m, r in regressed.items()])
+                            [f"{m} (rounds {', '.join(map(str, r))})" for m, r in regressed.items()],
+                            missing)
     truth_failures = [truth.reason] if truth.verdict is Verdict.FAIL else []
     if truth_failures:
         failed.append(Check(p.cases[0].name, "ground_truth", None, 1.0, 0.0, 0.0, False, truth.reason))
@@ -101,8 +104,6 @@ def record(p, opts, measured, cold: bool, timer) -> RunResult:
     row["run_dir"] = str(result.run_dir.resolve())
     rounds = [{"case": case, **r, "brai": brais[case]["rounds"].get(r["round"])}
               for case, cm in series.items() for r in cm["rounds"]]
-    if base is None and p.target.allocator and p.target.allocator.startswith("guarded"):
-        rounds = [{**r, "brai": 0.0} for r in rounds]  # the guard is its own expected reuse
     if opts.junit is not None:
         result.extra["junit"] = _junit(p, opts, summary, checks, truth, result.run_dir, timer)
     H.append(opts.history, row, rounds, [c.as_dict() for c in failed])  # last

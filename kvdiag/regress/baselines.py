@@ -100,20 +100,24 @@ def find(path: Path, key: BaselineKey, cases: list[str]) -> Baseline | None:
     raise KeyMismatch(path, key, nearest.key, nearest.key.differences(key))
 
 
-def from_run(run_dir: Path, force: bool = False) -> Baseline:
+def from_run(run_dir: Path, force: bool = False) -> tuple[Baseline, str]:
     """A baseline from a run directory made by `kvdiag regress` (its summary.json carries
-    the key and the measurement). Refuses a run whose own ground-truth check failed unless
-    `force`."""
+    the key and the measurement), and the run's verdict. Only a run that passed proves what a
+    baseline must be (its trigger reached, its ground truth sound): any other verdict is
+    refused unless `force`."""
     summary = read_summary(require_finished(run_dir))
     regress = summary.get("regress")
     if not regress or "key" not in regress:
         raise KvdiagError(f"{run_dir}: not made by `kvdiag regress` (summary.json has no baseline key)")
-    if regress.get("ground_truth_failures") and not force:
-        raise KvdiagError(f"{run_dir}: the run failed its own ground-truth check "
-                          f"({regress['ground_truth_failures'][0]}); pass --force to use it anyway")
+    verdict = str(summary.get("verdict"))
+    if verdict != "pass" and not force:
+        why = (regress.get("ground_truth_failures") or [summary.get("reason") or "no reason recorded"])[0]
+        raise KvdiagError(f"{run_dir}: the run's verdict is {verdict}, not pass ({why}): a baseline "
+                          "must come from a run that proved something; pass --force to use it anyway "
+                          "(recorded in the history)")
     return Baseline(BaselineKey.from_dict(regress["key"]), regress["target"], regress["run_id"],
                     summary.get("created", ""), summary.get("signature", ""),
-                    tuple(regress["measurement"]), regress["measurement"])
+                    tuple(regress["measurement"]), regress["measurement"]), verdict
 
 
 def update(path: Path, baseline: Baseline) -> tuple[Baseline | None, int]:

@@ -134,21 +134,28 @@ def compare(measured: dict, baseline: dict, tol: Tolerances = Tolerances(),
     return [c for c in checks if c is not None and c.metric not in skip]
 
 
-def ground_truth(summary: dict, allocator: str | None) -> list[Check]:
-    """The run's own verdict against its in-run ground truth, one check per case: the guard
-    gate or the fault findings of a reference allocator (vs the contiguous reference), or
-    the probe's corruption rounds (vs cache_salt-isolated runs)."""
+def unmatched(measured: dict, baseline: dict, skip: tuple[str, ...] = ()) -> list[str]:
+    """What the baseline measured that this run did not (a case, a round, or a metric with a
+    value in the baseline and none here), so a comparison never silently covers less; the
+    judge makes any of it an error."""
     out = []
-    for case in summary.get("cases", []):
-        if allocator is None:
-            rounds = summary.get("corruption_rounds", [])
-            failures = [f"round {r}: output changed beyond the noise floor (corruption)" for r in rounds]
-        else:
-            key = f"{case}/{allocator}"
-            gate = summary.get("gates", {}).get(key)
-            failures = list(gate["failures"]) if gate else list(summary.get("faults", {}).get(key, []))
-        out.append(Check(case, "ground_truth", None, float(len(failures)), 0.0, 0.0, not failures,
-                         "; ".join(f"{case}: {f}" for f in failures[:20])))
+    for case, base in baseline.items():
+        m = measured.get(case)
+        if m is None:
+            out.append(f"{case}: no measurement")
+            continue
+        if base.get("sqdr") is not None and m.get("sqdr") is None and "sqdr" not in skip:
+            out.append(f"{case}: sqdr")
+        rounds = {r["round"]: r for r in m["rounds"]}
+        for b in base["rounds"]:
+            r = rounds.get(b["round"])
+            if r is None:
+                out.append(f"{case}: round {b['round']}")
+                continue
+            out += [f"{case}: round {b['round']} {metric}" for metric in ROUND_CHECKS
+                    if metric not in skip and b.get(metric) is not None and r.get(metric) is None]
+        extra = sorted(set(rounds) - {b["round"] for b in base["rounds"]})
+        out += [f"{case}: round {n} (not in the baseline)" for n in extra]
     return out
 
 

@@ -10,6 +10,8 @@ next open, and the run's own directory still holds what it measured.
     checks    every failed check of the run (metric, round, value, baseline, limit)
     isolation one row per (isolation audit, configuration, prefix length): verdict, AUC,
               p-value, cached tokens of correct / wrong guesses (schema 2)
+    baselines one row per `kvdiag baseline update`: the run made the baseline of its key, its
+              verdict, and whether --force took a run that did not pass (schema 4)
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 
 from kvdiag.errors import KvdiagError
 
-SCHEMA = 3
+SCHEMA = 4
 DEFAULT_PATH = Path("reports/history.sqlite")
 # Test hook, for tests/kvdiag/commands/test_regress.py only: when set to a file path, append() creates
 # that file inside its open transaction and sleeps, so a test can SIGKILL the process mid-write.
@@ -49,6 +51,10 @@ CREATE TABLE isolation (
   run_id TEXT NOT NULL, created TEXT NOT NULL, target TEXT NOT NULL, model TEXT, verdict TEXT NOT NULL,
   config TEXT NOT NULL, length INTEGER NOT NULL, auc REAL, p_value REAL, cached_correct REAL,
   cached_wrong REAL, leaks INTEGER, run_dir TEXT, PRIMARY KEY (run_id, config, length));
+""" + """
+CREATE TABLE baselines (
+  created TEXT NOT NULL, baseline_file TEXT NOT NULL, key_id TEXT NOT NULL, run_id TEXT NOT NULL,
+  verdict TEXT NOT NULL, forced INTEGER NOT NULL, reason TEXT);
 """
 RUN_COLUMNS = ("run_id", "created", "suite", "target", "series", "engine", "engine_version",
                "model", "key_id", "key_json", "baseline_key_id", "signature", "verdict",
@@ -58,8 +64,9 @@ RUN_COLUMNS = ("run_id", "created", "suite", "target", "series", "engine", "engi
 ROUND_COLUMNS = ("fact_check_pass_rate", "bleu4", "block_reuse_rate", "brai", "attention_leakage",
                  "divergence_ratio", "foreign_slots", "unwritten_slots", "nonfinite_logits")
 MIGRATIONS: dict[int, str] = {  # from version N to N + 1; older rows keep their verdicts
-    1: _DDL[_DDL.index("CREATE TABLE isolation"):],
+    1: _DDL[_DDL.index("CREATE TABLE isolation"):_DDL.index("CREATE TABLE baselines")],
     2: "ALTER TABLE runs ADD COLUMN reason TEXT",
+    3: _DDL[_DDL.index("CREATE TABLE baselines"):],
 }
 ISOLATION_COLUMNS = ("run_id", "created", "target", "model", "verdict", "config", "length", "auc",
                      "p_value", "cached_correct", "cached_wrong", "leaks", "run_dir")
@@ -119,6 +126,18 @@ def append(path: Path, run: dict, rounds: list[dict], failed_checks: list[dict])
     except sqlite3.IntegrityError as e:
         con.execute("ROLLBACK")
         raise KvdiagError(f"{path}: run {run['run_id']} cannot be stored ({e})") from None
+    finally:
+        con.close()
+
+
+def record_baseline(path: Path, row: dict) -> None:
+    """One `kvdiag baseline update` (created, baseline_file, key_id, run_id, verdict, forced,
+    reason), so a baseline forced from a run that did not pass stays on record."""
+    columns = ("created", "baseline_file", "key_id", "run_id", "verdict", "forced", "reason")
+    con = connect(path)
+    try:
+        con.execute(f"INSERT INTO baselines ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
+                    [row[c] for c in columns])
     finally:
         con.close()
 

@@ -82,8 +82,8 @@ def render_probe(result) -> list:
                       style="red" if (kinds == "corruption").any() else None)
     nf, pc = s["noise_floor"], s["server_prefix_cache"]
     lines = [table, f"noise floor: {nf['diverged_pairs']}/{nf['pairs']} repeated isolated requests "
-             f"diverged, largest margin {nf['margin']:.3f} nats; corruption threshold "
-             f"{nf['threshold']:.3f} nats"]
+             f"diverged, largest margin {nf['margin']:.3f} nats (a stable ground truth stays within "
+             f"the numerics margin, {nf['numerics_margin']:.3f} nats)"]
     if pc.get("hit_rate") is not None:
         lines.append(f"server prefix cache (shared phase): {pc['hits']:.0f}/{pc['queries']:.0f} "
                      f"tokens hit ({pc['hit_rate']:.1%})")
@@ -94,9 +94,13 @@ def render_probe(result) -> list:
     truth = s.get("ground_truth") or {}
     if truth.get("isolated"):
         lines.append(f"ground truth: {truth['contaminated']} of {truth['isolated']} isolated requests "
-                     f"reported cached tokens (must be 0)")
+                     f"reported cached tokens (must be 0), {truth.get('unchecked', 0)} reported no "
+                     "count (must be 0)")
+    lines += _key_coverage_lines(s.get("key_coverage") or {})
     what = ""
-    if result.verdict is Verdict.FAIL:
+    if result.verdict is Verdict.FAIL and not s["corrupted_requests"]:
+        what = s["reason"]
+    elif result.verdict is Verdict.FAIL:
         what = (f"corruption in rounds {s['corruption_rounds']} ({s['corrupted_requests']} requests; "
                 f"{s['numerics_requests']} numerics)")
         first = (s.get("first_divergences") or [None])[0]
@@ -106,6 +110,21 @@ def render_probe(result) -> list:
     elif result.verdict is Verdict.PASS:
         what = f"no divergence beyond the noise floor ({s['numerics_requests']} numerics)"
     return lines + [headline(result, what), *footer(result)]
+
+
+def _key_coverage_lines(kc: dict) -> list[str]:
+    """The over-hit oracle and the differential phase, as the judge left them."""
+    oracle, pairs = kc.get("oracle") or {}, kc.get("differential") or []
+    lines = []
+    if oracle:
+        lines.append(f"over-hit oracle: {oracle.get('checked', 0)} requests checked (unit "
+                     f"{oracle.get('unit')} tokens), {oracle.get('over_hits', 0)} over the bound"
+                     if oracle.get("available") else "over-hit oracle: unavailable (no cached-token "
+                     "counts or no token ids)")
+    if pairs:
+        families = sorted({p["family"] for p in pairs})
+        lines.append(f"differential phase: {len(pairs)} requests ({', '.join(families)})")
+    return lines
 
 
 def _block_reuse(replay) -> dict[int, float]:

@@ -4,7 +4,7 @@ endpoint, vLLM replay), so metrics, reports and verdicts never know the differen
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from kvdiag.facts import Fact, Round
 
@@ -41,6 +41,11 @@ class Record:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def columns(cls) -> list[str]:
+        """The frame's columns, for a run that recorded no round."""
+        return [f.name for f in fields(cls)]
 
 
 def canary_view(fact: Fact) -> Fact:

@@ -5,6 +5,8 @@
     stale-bytes       recycled blocks not cleared + multiplicative mask (vLLM #35138)
     unchained-hash    block hash without its parent hash
     partial-hash      block hash without the block's last token (an off-by-one)
+    key-omits[:A[-B]] block hash without slots A..B of each block (slot 0 without an argument):
+                      the family partial-hash is one member of (any slot, any range)
     salt-collision    cache_salt and LoRA name folded into one untagged key
     guarded           SequenceGuard (guard.py, this project's design) around stale-hash
     guarded:NAME      SequenceGuard around any registered allocator but a guarded one
@@ -28,8 +30,11 @@ ALLOCATORS: dict[str, str] = {
     "unchained-hash": "faults:UnchainedHashAllocator",
     "partial-hash": "faults:PartialHashAllocator",
     "salt-collision": "faults:SaltCollisionAllocator",
+    "key-omits": "faults:KeyOmitsAllocator",
     "guarded": "guard:guarded",
 }
+# allocators that take an optional argument after a colon (key-omits:3-5); the others take none
+ARGUMENTS: dict[str, str] = {"key-omits": "the slots its key leaves out: A or A-B (0-based)"}
 ALIASES: dict[str, str] = {"buggy": "stale-hash"}
 GUARD_PREFIX = "guarded:"
 
@@ -46,12 +51,29 @@ def canonical_name(name: str) -> str:
         if _is_guarded(inner):
             raise UnknownAllocatorError(f"unknown allocator {name!r}: {inner!r} is already guarded")
         return GUARD_PREFIX + inner
+    base, colon, arg = name.partition(":")
+    if base in ARGUMENTS:
+        if colon:
+            slot_range(arg)  # checked now, before any work
+        return name
     name = ALIASES.get(name, name)
     if name not in ALLOCATORS:
         raise UnknownAllocatorError(
             f"unknown allocator {name!r} (known: {', '.join(available())}, or guarded:NAME)"
         )
     return name
+
+
+def slot_range(arg: str) -> tuple[int, int]:
+    """key-omits' argument: A or A-B, 0 <= A <= B."""
+    first, _, last = arg.partition("-")
+    try:
+        a, b = int(first), int(last or first)
+    except ValueError:
+        raise UnknownAllocatorError(f"key-omits:{arg}: expected A or A-B, slot numbers") from None
+    if not 0 <= a <= b:
+        raise UnknownAllocatorError(f"key-omits:{arg}: expected 0 <= A <= B")
+    return a, b
 
 
 def available() -> list[str]:
@@ -67,6 +89,9 @@ def create(name: str, num_blocks: int, block_size: int, enable_caching: bool = T
 
         inner = create(name[len(GUARD_PREFIX):], num_blocks, block_size, enable_caching)
         return SequenceGuard(inner)
-    module, attr = ALLOCATORS[name].split(":")
+    base, _, arg = name.partition(":")
+    module, attr = ALLOCATORS[base].split(":")
     factory = getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+    if base in ARGUMENTS:
+        return factory(num_blocks, block_size, enable_caching, slots=slot_range(arg or "0"))
     return factory(num_blocks, block_size, enable_caching)

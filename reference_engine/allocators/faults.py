@@ -106,6 +106,24 @@ class PartialHashAllocator(PrefixCacheAllocator):
         return block_hash(parent, list(token_ids)[:-1], extra_keys)
 
 
+class KeyOmitsAllocator(PrefixCacheAllocator):
+    """A block's hash leaves out slots `first`..`last` of the block: two blocks that differ only
+    there share a hash, and (the chain going on from the same parent) every block after them
+    that matches too. The key-coverage family partial-hash is one member of; here for tests
+    that plant members the catalog does not name (`key-omits:3`, `key-omits:4-9`)."""
+
+    name = "key-omits"
+
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True, *,
+                 slots: tuple[int, int] = (0, 0)) -> None:
+        super().__init__(num_blocks, block_size, enable_caching)
+        self.first, self.last = slots
+
+    def hash_block(self, parent, token_ids, extra_keys):
+        ids = list(token_ids)
+        return block_hash(parent, ids[:self.first] + ids[self.last + 1:], extra_keys)
+
+
 class SaltCollisionAllocator(PrefixCacheAllocator):
     """cache_salt and the LoRA name go into one untagged extra key, so a request salted "x"
     and a request for adapter "x" share first blocks: tenant isolation by cache_salt breaks

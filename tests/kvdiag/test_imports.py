@@ -1,4 +1,4 @@
-"""The import graph has the shape the design says (ARCHITECTURE.md): no import circles,
+"""The import graph has the shape the design says (docs/architecture.md): no import circles,
 reference_engine never imports kvdiag, runners never import the CLI or the pipeline, and
 the allocator registry and `kvdiag --help` load no torch. Lazy imports inside functions
 count: a circle through them is still a circle for a reader."""

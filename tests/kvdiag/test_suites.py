@@ -31,7 +31,7 @@ def test_bundled_suites_load():
     ("name: x\ncases: [{name: a, condition: sideways}]\n", "cases[0].condition"),
     ("name: x\nallocators: [nope]\ncases: [{name: a}]\n", "allocators"),
     ("name: x\nstyle: poetry\ncases: [{name: a}]\n", "style"),
-    ("name: x\ndefaults: {rounds: 0}\ncases: [{name: a}]\n", "cases[0].rounds"),
+    ("name: x\ndefaults: {rounds: 0}\ncases: [{name: a}]\n", "defaults.rounds"),
     ("name: x\ncases: [{name: a, start_range: [5, 1]}]\n", "cases[0].start_range"),
     ("name: x\ncases: [{name: a}, {name: a}]\n", "cases"),
     ("name: [unclosed\n", "not valid YAML"),

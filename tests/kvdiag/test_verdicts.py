@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from kvdiag.verdicts import (
+    ProbeEvidence,
     Verdict,
+    classify_divergence,
     judge_fleet,
     judge_gate,
     judge_matrix,
@@ -18,6 +20,8 @@ from kvdiag.verdicts import (
     judge_reference,
     judge_regress,
     judge_series,
+    logprob_departed,
+    over_hit,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,6 +44,8 @@ def _reading(node: ast.AST, parents: dict) -> bool:
             return True
         if isinstance(parent, ast.Subscript) and child is parent.slice:
             return True
+        if isinstance(parent, ast.Call) and child in parent.args and child.__class__ is ast.Constant:
+            return True  # a label passed to a reader: run.count("corruption")
         if not isinstance(parent, (ast.Tuple, ast.List, ast.Set, ast.Attribute)):
             return False
         child, parent = parent, parents.get(parent)
@@ -80,15 +86,44 @@ def _literal_writes(tree: ast.AST) -> list[ast.AST]:
     return out
 
 
+LABELS = {"corruption", "numerics", "over-hit", "leak"}  # what the judges classify
+
+
+def _classifications(tree: ast.AST) -> list[ast.AST]:
+    """Classifications decided outside the judge: a label returned, or stored under a name or
+    key called *classification*/*label*; and verdicts built from strings (`Verdict("pass")`)."""
+    def labels(value):
+        return [n for n in ast.walk(value) if isinstance(n, ast.Constant) and n.value in LABELS]
+
+    def labelish(name: str) -> bool:
+        return "classification" in name.lower() or "label" in name.lower()
+
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Return) and node.value is not None:
+            out += labels(node.value)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(labelish(_target_name(t)) for t in targets):
+                out += labels(node.value)
+        elif isinstance(node, ast.keyword) and node.arg and labelish(node.arg):
+            out += labels(node.value)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Verdict"
+              and node.args and isinstance(node.args[0], ast.Constant)):
+            out.append(node)
+    return out
+
+
 def _assignments(path: Path) -> list[str]:
     """Every verdict value written in `path`: a Verdict member outside a reading position,
-    or a verdict word stored as a verdict (_literal_writes)."""
+    a verdict word stored as a verdict (_literal_writes), or a classification (_classifications)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     parents = _parents(tree)
     found = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr in MEMBERS
              and isinstance(n.value, ast.Name) and n.value.id == "Verdict"
              and not _reading(n, parents)]
     found += [n for n in _literal_writes(tree) if not _reading(n, parents)]
+    found += [n for n in _classifications(tree) if not _reading(n, parents)]
     return [f"{path.relative_to(ROOT)}:{n.lineno}: {ast.unparse(n)}" for n in found]
 
 
@@ -104,11 +139,15 @@ def test_the_source_check_can_fail(tmp_path):
     (tmp_path / "kvdiag").mkdir()
     bad = tmp_path / "kvdiag" / "x.py"
     bad.write_text('summary = {"verdict": "pass"}\nv = Verdict.FAIL\nok = v is Verdict.PASS\n'
-                   'status = "FAIL" if ok else "ERROR"\ncss = "pass"\n')
+                   'status = "FAIL" if ok else "ERROR"\ncss = "pass"\n'
+                   'label = "numerics" if m < 1 else "corruption"\nw = Verdict("pass")\n'
+                   'def f(m):\n    return "corruption" if m > 1 else "match"\n'
+                   'n = sum(c == "corruption" for c in labels)\n')
     global ROOT
     saved, ROOT = ROOT, tmp_path
     try:
-        assert len(_assignments(bad)) == 4  # not the comparison, not the CSS class
+        # not the comparisons, not the CSS class
+        assert len(_assignments(bad)) == 8, _assignments(bad)
     finally:
         ROOT = saved
 
@@ -156,16 +195,67 @@ def test_a_series_under_test():
     assert judge_series(["round 3: foreign_slots = 9"], False, "c/buggy").verdict is Verdict.FAIL
 
 
+def evidence(**kw) -> ProbeEvidence:
+    """A probe's evidence: sound and clean unless `kw` says otherwise."""
+    base = dict(divergences=[], floor_margins=[], numerics_margin=1.0, isolated=48, contaminated=0,
+                unchecked=0, isolation="cache_salt", recycling={"observed": True, "how": "x"},
+                pool="p", oracle={"available": True, "checked": 10}, answered=10)
+    return ProbeEvidence(**(base | kw))
+
+
 @pytest.mark.parametrize("contaminated,corrupted,observed,want", [
     (0, 0, True, Verdict.PASS), (0, 3, True, Verdict.FAIL), (0, 0, False, Verdict.INCONCLUSIVE),
     (2, 0, True, Verdict.ERROR), (2, 3, True, Verdict.FAIL)])
 def test_the_probe_checks_its_ground_truth(contaminated, corrupted, observed, want):
-    judged = judge_probe(corrupted=corrupted, rounds=[4] if corrupted else [],
-                         recycling_observed=observed, recycling_how="cached fractions fell",
-                         contaminated=contaminated, isolated=48, isolation="cache_salt", pool="x")
+    judged = judge_probe(evidence(divergences=[("4", 7.5)] * corrupted, contaminated=contaminated,
+                                  recycling={"observed": observed, "how": "cached fractions fell"}))
     assert judged.verdict is want
     if want is Verdict.ERROR:
         assert judged.reason.startswith(f"ground truth contaminated: {contaminated} of 48")
+
+
+def test_a_ground_truth_no_count_proves_is_an_error_naming_the_flags():
+    judged = judge_probe(evidence(unchecked=48))
+    assert judged.verdict is Verdict.ERROR and "0 cached tokens" not in judged.reason
+    assert "--enable-prompt-tokens-details" in judged.reason and "--enable-cache-report" in judged.reason
+    assert judge_probe(evidence(isolated=0)).verdict is Verdict.ERROR  # nothing isolated at all
+    # a departure is still a fail
+    assert judge_probe(evidence(unchecked=48, divergences=[("2", 3.0)])).verdict is Verdict.FAIL
+
+
+def test_the_noise_floor_is_bounded_not_raised():
+    """A decisive disagreement between two isolated runs is an unstable ground truth (error),
+    never a higher threshold that turns corruption into numerics."""
+    unstable = judge_probe(evidence(floor_margins=[0.2, 6.0]))
+    assert unstable.verdict is Verdict.ERROR and unstable.reason.startswith("ground truth unstable")
+    # the same departures are judged against the numerics margin, not the floor: a fail
+    judged = judge_probe(evidence(floor_margins=[6.0], divergences=[("3", 2.5), ("5", 0.4)]))
+    assert judged.verdict is Verdict.FAIL and judged.details["corrupted"] == 1
+    assert judged.details["numerics"] == 1 and judged.details["unstable_floor"] == 1
+    assert judge_probe(evidence(floor_margins=[0.3, 0.9])).verdict is Verdict.PASS
+
+
+def test_an_over_hit_fails_whatever_the_answers_say():
+    hit = {"what": "pair 'slot 5'", "cached": 64, "bound": 16, "margin": float("nan")}
+    fine = {"what": "pair 'slot 4'", "cached": 16, "bound": 16, "margin": None}
+    judged = judge_probe(evidence(hits=[fine, hit]))
+    assert judged.verdict is Verdict.FAIL and judged.details["over_hits"] == 1
+    assert "64 cached, at most 16" in judged.reason and "0 of the 1" in judged.reason
+    assert judge_probe(evidence(hits=[fine])).verdict is Verdict.PASS
+    unreported = {"what": "x", "cached": None, "bound": 16, "margin": None}
+    assert judge_probe(evidence(hits=[unreported])).verdict is Verdict.PASS
+    # the differential phase alone needs no recycling; a suite run does
+    alone = evidence(recycling={"observed": False, "how": "-"}, requires_recycling=False)
+    assert judge_probe(alone).verdict is Verdict.PASS
+    assert "no recycling needed" in judge_probe(alone).reason
+
+
+def test_classifications_are_the_judges():
+    assert classify_divergence(float("nan"), 1.0) == "match"
+    assert classify_divergence(1.0, 1.0) == "numerics"
+    assert classify_divergence(1.01, 1.0) == "corruption"
+    assert over_hit(17, 16) and not over_hit(16, 16) and not over_hit(None, 0)
+    assert logprob_departed(False, 0.0, 1.0) and not logprob_departed(True, 0.5, 1.0)
 
 
 def test_a_regression_run_is_never_better_than_its_ground_truth():
@@ -173,9 +263,13 @@ def test_a_regression_run_is_never_better_than_its_ground_truth():
     assert judge_regress(Verdict.INCONCLUSIVE, "no recycling", ["bleu4"]).verdict is Verdict.FAIL
     assert judge_regress(Verdict.ERROR, "contaminated", []).verdict is Verdict.ERROR
     assert judge_regress(Verdict.PASS, "held", []).verdict is Verdict.PASS
+    assert judge_regress(Verdict.PASS, "held", [], ["trigger: round 7"]).verdict is Verdict.ERROR
+    assert judge_regress(Verdict.PASS, "held", ["bleu4"], ["trigger: round 7"]).verdict is Verdict.FAIL
 
 
 def test_a_fleet_is_its_worst_cell():
+    assert judge_fleet([]).verdict is Verdict.ERROR  # no evidence is never a pass
+    assert Verdict.worst([]) is Verdict.ERROR
     assert judge_fleet([Verdict.PASS, Verdict.INCONCLUSIVE]).verdict is Verdict.INCONCLUSIVE
     assert judge_fleet([Verdict.ERROR, Verdict.PASS]).verdict.exit_code == 2
     assert judge_fleet([Verdict.ERROR, Verdict.FAIL]).verdict is Verdict.FAIL
@@ -187,3 +281,6 @@ def test_the_detection_matrix():
     assert judge_matrix(rows + [("partial-hash", Verdict.PASS, Verdict.FAIL)]).verdict is Verdict.FAIL
     assert judge_matrix([("healthy", Verdict.FAIL, Verdict.PASS)]).verdict is Verdict.FAIL
     assert judge_matrix(rows + [("x", Verdict.INCONCLUSIVE, Verdict.FAIL)]).verdict is Verdict.INCONCLUSIVE
+    assert judge_matrix([]).verdict is Verdict.ERROR
+    # a fault expected to break the ground truth (error) that is caught outright counts as caught
+    assert judge_matrix(rows + [("reset/live", Verdict.FAIL, Verdict.ERROR)]).verdict is Verdict.PASS

@@ -4,6 +4,8 @@ can list faults and check a name before anything starts.
 
 What each field means: kvdiag.engines.fault. `traffic` says what a run must send for the
 fault to act at all; a run without it passes a planted server and says nothing of its class.
+A fault with an argument is named NAME:ARG (`slot-omitted:5`, `range-omitted:4-11`): parse()
+reads it, in this one place; the bare NAME plants its default.
 """
 
 from __future__ import annotations
@@ -66,6 +68,43 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
         "sessions that diverge from one another at the last slot of a block (any offset "
         "within a block, not only block starts)", live="probe"),
     Fault(
+        "slot-omitted", "hash covers part of the block",
+        "the block hash leaves out one slot of every block (offset K: slot-omitted:K, 0 by "
+        "default), so prompts that differ only at that offset share the block and every "
+        "block after it",
+        "vllm/v1/core/kv_cache_utils.py:hash_block_tokens",
+        ("vLLM #56655 / PR #56656 (which positions of a mixed prompt-embeds request take "
+         "supplied embeddings was left out of the block key: wrong K/V reused)",
+         "InternLM/lmdeploy PR #4985 (prompt embeddings keyed by token range only)",
+         "kekzl/imp #1301 (mutant M23: one slot of every block outside the hash)"),
+        (CORRUPTS_OUTPUT,),
+        "prompts that differ from an earlier one at offset K of a block and nowhere else in "
+        "it (the differential phase sends one per offset)", live="probe"),
+    Fault(
+        "range-omitted", "hash covers part of the block",
+        "the block hash leaves out slots A..B of every block (range-omitted:A-B, 2-5 by "
+        "default), so prompts that differ only there share the block and every block after it",
+        "vllm/v1/core/kv_cache_utils.py:hash_block_tokens",
+        ("LMCache #690 (image placeholder spans keyed by their dummy token ids: every image "
+         "shared one KV entry)",
+         "ROCm/ATOM PR #1358 (placeholder tokens share one id: blocks of different images "
+         "hash alike)",
+         "vLLM PR #11187 (the image hash joins the block key, for the same reason)"),
+        (CORRUPTS_OUTPUT,),
+        "prompts that differ from an earlier one inside slots A..B of a block only", live="probe"),
+    Fault(
+        "parent-ignored", "hash covers part of the chain",
+        "a block is hashed without its parent's hash (tokens and extra keys only), so the same "
+        "block content hits at another position or after another prefix",
+        "vllm/v1/core/kv_cache_utils.py:hash_block_tokens",
+        ("vllm-project/aibrix #2329 / PR #2330 (cache keys compared the last block hash and "
+         "block count only: entries of different prefixes conflated)",
+         "vLLM PR #12603 (blocks of equal tokens whose parent blocks had other extra keys "
+         "hashed alike)"),
+        (CORRUPTS_OUTPUT,),
+        "a prompt whose later blocks repeat an earlier request's blocks in another order, at "
+        "another offset, or after another first block", live="probe"),
+    Fault(
         "lora-ignored", "isolation: extra key dropped",
         "the LoRA adapter is left out of the block hash, so base and adapter requests (or "
         "two adapters) share blocks computed under other weights",
@@ -112,10 +151,45 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
 )}
 
 
-def describe(name: str) -> Fault:
-    """The catalog entry, or KvdiagError naming the known faults (exit 2)."""
+def _offset(arg: str) -> dict:
+    slot = int(arg)
+    if slot < 0:
+        raise ValueError(arg)
+    return {"slot": slot}
+
+
+def _offsets(arg: str) -> dict:
+    first, last = (int(a) for a in arg.split("-"))
+    if not 0 <= first <= last:
+        raise ValueError(arg)
+    return {"first": first, "last": last}
+
+
+# faults that take an argument (NAME:ARG): ARG -> the plant's keyword arguments (ValueError
+# when bad), and the form an error shows
+ARGUMENTS = {"slot-omitted": (_offset, "slot-omitted:K, K a block offset >= 0"),
+             "range-omitted": (_offsets, "range-omitted:A-B, block offsets 0 <= A <= B")}
+
+
+def parse(spec: str) -> tuple[str, dict]:
+    """NAME or NAME:ARG -> (the catalog's name, the plant's keyword arguments); KvdiagError
+    (exit 2) naming the fault for an unknown name or a bad argument."""
     from kvdiag.errors import KvdiagError
 
+    name, colon, arg = spec.partition(":")
     if name not in FAULTS:
-        raise KvdiagError(f"unknown vLLM fault {name!r} (known: {', '.join(FAULTS)})")
-    return FAULTS[name]
+        raise KvdiagError(f"unknown vLLM fault {spec!r} (known: {', '.join(FAULTS)})")
+    if not colon:
+        return name, {}
+    if name not in ARGUMENTS:
+        raise KvdiagError(f"vLLM fault {name!r} takes no argument (given {spec!r})")
+    read, form = ARGUMENTS[name]
+    try:
+        return name, read(arg)
+    except ValueError:
+        raise KvdiagError(f"vLLM fault {spec!r}: bad argument {arg!r} (expected {form})") from None
+
+
+def describe(name: str) -> Fault:
+    """The catalog entry of NAME or NAME:ARG, or KvdiagError naming the known faults (exit 2)."""
+    return FAULTS[parse(name)[0]]

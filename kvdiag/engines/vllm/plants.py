@@ -3,7 +3,7 @@ each returning `undo()`, which puts back exactly what it replaced. The plugin pl
 for a whole server; the model-free audit plants, replays through the real KVCacheManager,
 and undoes, in one process:
 
-    undo = plant("partial-hash")
+    undo = plant("partial-hash")  # a fault with an argument: plant("slot-omitted:5")
     try:
         ...  # replay
     finally:
@@ -171,14 +171,48 @@ def weak_hash(bits: int = WEAK_HASH_BITS) -> Undo:
     return _wrap_hash(edit)
 
 
+def _hash_without(slots: Callable[[int], range]) -> Undo:
+    """Every block's hash leaves out the tokens at the offsets slots(block length) gives,
+    in every block of the chain (offsets past the block's end leave nothing out):
+
+        block    [t0 t1 t2 ... t15]      slots(16) = range(4, 12)
+        hashed   [t0 t1 t2 t3 t12 .. t15] + parent + extra keys
+    """
+    def edit(original, hash_fn, parent, tokens, extra_keys):
+        left_out = slots(len(tokens))
+        kept = [t for i, t in enumerate(tokens) if i not in left_out]  # FAULT
+        return original(hash_fn, parent, kept, extra_keys)
+    return _wrap_hash(edit)
+
+
 def partial_hash(uncovered: int = 1) -> Undo:
     """The hash of a block covers all its tokens but the last `uncovered` (block offsets
     block_size - uncovered .. block_size - 1), in every block of the chain."""
     if uncovered < 1:
         raise ValueError(f"partial-hash must leave out at least one token, not {uncovered}")
+    return _hash_without(lambda n: range(max(0, n - uncovered), n))
 
+
+def slot_omitted(slot: int = 0) -> Undo:
+    """The hash of a block leaves out the token at block offset `slot`, in every block."""
+    if slot < 0:
+        raise ValueError(f"slot-omitted needs a slot offset >= 0, not {slot}")
+    return _hash_without(lambda n: range(slot, slot + 1))
+
+
+def range_omitted(first: int = 2, last: int = 5) -> Undo:
+    """The hash of a block leaves out the tokens at block offsets first..last (inclusive),
+    in every block."""
+    if not 0 <= first <= last:
+        raise ValueError(f"range-omitted needs 0 <= first <= last, not {first}-{last}")
+    return _hash_without(lambda n: range(first, last + 1))
+
+
+def parent_ignored() -> Undo:
+    """Every block is hashed as if it were the first (vLLM's NONE_HASH for its parent): its
+    tokens and extra keys only, so the same block content hits after any prefix."""
     def edit(original, hash_fn, parent, tokens, extra_keys):
-        return original(hash_fn, parent, list(tokens)[:-uncovered], extra_keys)  # FAULT
+        return original(hash_fn, None, tokens, extra_keys)  # FAULT: the chain is cut
     return _wrap_hash(edit)
 
 
@@ -245,6 +279,9 @@ PLANTS: dict[str, Callable[..., Undo]] = {
     "double-free": double_free,
     "weak-hash": weak_hash,
     "partial-hash": partial_hash,
+    "slot-omitted": slot_omitted,
+    "range-omitted": range_omitted,
+    "parent-ignored": parent_ignored,
     "lora-ignored": lora_ignored,
     "reset-noop": reset_noop,
     "tags-dropped": tags_dropped,
@@ -253,9 +290,10 @@ PLANTS: dict[str, Callable[..., Undo]] = {
 
 
 def plant(name: str, **options) -> Undo:
-    """Plant the catalog's fault `name` into this process's vLLM; KvdiagError (exit 2) for
-    an unknown name."""
-    from kvdiag.engines.vllm.catalog import describe
+    """Plant the catalog's fault `name` (NAME or NAME:ARG, catalog.parse) into this
+    process's vLLM; KvdiagError (exit 2) for an unknown name or a bad argument. `options`
+    override what the argument gives."""
+    from kvdiag.engines.vllm.catalog import parse
 
-    describe(name)
-    return PLANTS[name](**options)
+    base, given = parse(name)
+    return PLANTS[base](**(given | options))

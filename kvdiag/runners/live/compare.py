@@ -1,11 +1,8 @@
 """Shared answers against their cache-isolated twins: where two greedy answers first differ,
-how decisively the isolated run preferred its own token there, the server's noise floor,
-the per-round records, and the probe's check of its own ground truth.
-
-A shared answer that departs from its isolated twin is
-    numerics     if the isolated run preferred its own token there by no more than the
-                 threshold (max of the noise floor and --numerics-margin, in nats);
-    corruption   otherwise: a decisive answer changed, which numerics do not do.
+how decisively the isolated run preferred its own token there (the margin), the margins at
+which repeated isolated runs diverged (the noise floor), the per-round records, and the
+probe's check of its own ground truth. Measured only: whether a margin is numerics or
+corruption, and whether the floor is stable, is kvdiag.verdicts' to say.
 """
 
 from __future__ import annotations
@@ -13,6 +10,7 @@ from __future__ import annotations
 import math
 
 from kvdiag.plan import CasePlan
+from kvdiag.runners.live.differential import DIFF_ISOLATED
 from kvdiag.runners.live.phases import (
     FLOOR,
     ISOLATED,
@@ -24,6 +22,7 @@ from kvdiag.runners.live.phases import (
 )
 from kvdiag.runners.live.store import RoundStore
 from kvdiag.runners.records import Checker, Record
+from kvdiag.verdicts import classify_divergence, logprob_departed
 from reference_engine.util import cdiv
 
 
@@ -47,9 +46,10 @@ def margin_at(reference: dict, other_tokens: list[str], i: int) -> float:
     return own - min(top.values()) if top else math.inf
 
 
-def noise_floor(store: RoundStore) -> tuple[float, int, int]:
-    """(largest margin at which two isolated runs diverged, divergent pairs, pairs)."""
-    worst, diverged, pairs = 0.0, 0, 0
+def noise_floor(store: RoundStore) -> dict:
+    """Repeated isolated runs of one request against the first: the pairs compared and the
+    margin of every pair that diverged (a length difference counts as 0: the run stopped)."""
+    margins, pairs = [], 0
     for (phase, k, r), row in store.done.items():
         if phase != FLOOR or (ISOLATED, k, r) not in store.done:
             continue
@@ -57,17 +57,18 @@ def noise_floor(store: RoundStore) -> tuple[float, int, int]:
         ref = store.done[(ISOLATED, k, r)]
         i = divergence(ref["tokens"], row["tokens"])
         if i is not None:
-            diverged += 1
             m = margin_at(ref, row["tokens"], i)
-            worst = max(worst, m if math.isfinite(m) else 0.0)
-    return worst, diverged, pairs
+            margins.append(m if math.isfinite(m) else 0.0)
+    return {"pairs": pairs, "diverged_pairs": len(margins), "margins": margins,
+            "margin": max(margins, default=0.0)}
 
 
 def ground_truth(store: RoundStore) -> dict:
     """The probe's check of its own ground truth: every isolated request (fresh salt, or the
     first after an emptied cache) must report 0 cached tokens. `contaminated` counts those
     that reported more; `unchecked` those that reported no count at all."""
-    rows = [row for (phase, _, _), row in store.done.items() if phase in (ISOLATED, FLOOR, PLP_ISOLATED)]
+    isolated = (ISOLATED, FLOOR, PLP_ISOLATED, DIFF_ISOLATED)
+    rows = [row for (phase, _, _), row in store.done.items() if phase in isolated]
     hit = [row for row in rows if (row.get("cached_tokens") or 0) > 0]
     return {"isolated": len(rows), "contaminated": len(hit),
             "unchecked": sum(row.get("cached_tokens") is None for row in rows),
@@ -76,10 +77,10 @@ def ground_truth(store: RoundStore) -> dict:
                          for r in hit[:5]]}
 
 
-def prompt_logprob_mismatches(store: RoundStore, threshold: float) -> dict:
-    """Prompt logprobs, shared against isolated: a request whose prompt token logprob differs
-    by more than `threshold` nats at any position (or names another token) was served
-    positions whose logprobs were never computed for it (read from the cache)."""
+def prompt_logprob_mismatches(store: RoundStore, numerics_margin: float) -> dict:
+    """Prompt logprobs, shared against isolated: a request with any position that departed
+    (verdicts.logprob_departed) was served positions whose logprobs were never computed for
+    it (read from the cache)."""
     checked, bad = 0, []
     for (phase, k, r), shared in store.done.items():
         iso = store.done.get((PLP_ISOLATED, k, r))
@@ -87,16 +88,16 @@ def prompt_logprob_mismatches(store: RoundStore, threshold: float) -> dict:
             continue
         checked += 1
         pairs = [(i, a, b) for i, (a, b) in enumerate(zip(shared["prompt_logprobs"], iso["prompt_logprobs"]))
-                 if a and b and (a[0] != b[0] or abs(a[1] - b[1]) > threshold)]
+                 if a and b and logprob_departed(a[0] == b[0], abs(a[1] - b[1]), numerics_margin)]
         if pairs:
             i, a, b = pairs[0]
             bad.append({"session": k, "round": r + 1, "positions": len(pairs), "first": i,
                         "shared": a, "isolated": b})
     return {"checked": checked, "mismatched": len(bad), "examples": bad[:5],
-            "rounds": sorted({b["round"] for b in bad})}
+            "rounds": sorted({b["round"] for b in bad}), "departed": [b["round"] for b in bad]}
 
 
-def records(plan: CasePlan, store: RoundStore, target: str, threshold: float, style: str,
+def records(plan: CasePlan, store: RoundStore, target: str, numerics_margin: float, style: str,
             block_size: int, pressure: list[int] = ()) -> list[Record]:
     """Per round: the isolated row and the shared row of every suite session, and a shared
     row for every pressure session (judged against the isolated twin of the session it
@@ -116,8 +117,7 @@ def records(plan: CasePlan, store: RoundStore, target: str, threshold: float, st
                 passed, reason = checker.check(session.kb, rnd, text)
                 i = divergence(row["tokens"], iso["tokens"]) if phase == SHARED else None
                 margin = margin_at(iso, row["tokens"], i) if i is not None else math.nan
-                label = ("match" if i is None else
-                         "numerics" if margin <= threshold else "corruption")
+                label = classify_divergence(margin, numerics_margin)
                 cached = row["cached_tokens"]
                 needed = cdiv(row["prompt_tokens"], block_size)
                 out.append(Record(

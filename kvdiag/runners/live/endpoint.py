@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import httpx
 
@@ -26,6 +26,9 @@ class ChatResult:
     finish_reason: str | None
     seconds: float = 0.0
     extra: dict = field(default_factory=dict)
+    completion_tokens: int = 0
+    sent: float = 0.0  # wall-clock times the request went out and its answer came back (the
+    done: float = 0.0  # over-hit oracle orders requests by them, across a resumed run too)
 
 
 class Endpoint(ServerIdentity):
@@ -117,39 +120,48 @@ class Endpoint(ServerIdentity):
                    top_logprobs: int = 5, model: str | None = None) -> ChatResult:
         """One greedy chat completion; `model`: an adapter the server serves, instead of the
         endpoint's model."""
-        t0 = time.perf_counter()
+        sent = time.time()
         data = await self._generate("/v1/chat/completions", "chat completion", cache_salt, {
             "model": model or self.model, "messages": messages, "max_tokens": max_tokens,
             "temperature": 0.0, "logprobs": True, "top_logprobs": top_logprobs})
         choice = data["choices"][0]
         content = (choice.get("logprobs") or {}).get("content") or []
-        usage = data.get("usage") or {}
-        details = usage.get("prompt_tokens_details") or {}
-        return ChatResult(
+        return _timed(ChatResult(
             text=choice["message"].get("content") or "",
             tokens=[c["token"] for c in content],
             top=[[(t["token"], t["logprob"]) for t in c.get("top_logprobs") or []] for c in content],
-            logprobs=[c["logprob"] for c in content],
-            prompt_tokens=int(usage.get("prompt_tokens", 0)),
-            cached_tokens=details.get("cached_tokens"),
-            finish_reason=choice.get("finish_reason"),
-            seconds=time.perf_counter() - t0)
+            logprobs=[c["logprob"] for c in content], finish_reason=choice.get("finish_reason"),
+            **_usage(data)), sent)
+
+    async def complete(self, token_ids: list[int], max_tokens: int, *, cache_salt: str | None = None,
+                       top_logprobs: int = 5, model: str | None = None) -> ChatResult:
+        """One greedy completion of a prompt given as token ids (/v1/completions, legacy
+        logprobs): the differential phase's requests, free of any chat template."""
+        sent = time.time()
+        data = await self._generate("/v1/completions", "completion", cache_salt, {
+            "model": model or self.model, "prompt": list(token_ids), "max_tokens": max_tokens,
+            "temperature": 0.0, "logprobs": top_logprobs})
+        choice = data["choices"][0]
+        lp = choice.get("logprobs") or {}
+        tops = lp.get("top_logprobs") or []
+        return _timed(ChatResult(
+            text=choice.get("text") or "", tokens=list(lp.get("tokens") or []),
+            top=[sorted((top or {}).items(), key=lambda kv: -kv[1]) for top in tops],
+            logprobs=[x if x is not None else 0.0 for x in lp.get("token_logprobs") or []],
+            finish_reason=choice.get("finish_reason"), **_usage(data)), sent)
 
     async def prompt_logprobs(self, token_ids: list[int], *, cache_salt: str | None = None,
                               model: str | None = None) -> ChatResult:
         """The logprob of every prompt token (vLLM's prompt_logprobs=0: the token's own
         only), for a prompt given as token ids, in extra["prompt_logprobs"] as [token id,
         logprob] per position (None for the first)."""
-        t0 = time.perf_counter()
+        sent = time.time()
         data = await self._generate("/v1/completions", "completion", cache_salt, {
             "model": model or self.model, "prompt": list(token_ids), "max_tokens": 1,
             "temperature": 0.0, "prompt_logprobs": 0})
-        usage = data.get("usage") or {}
-        return ChatResult(text="", tokens=[], top=[], logprobs=[],
-                          prompt_tokens=int(usage.get("prompt_tokens", 0)),
-                          cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
-                          finish_reason=None, seconds=time.perf_counter() - t0,
-                          extra={"prompt_logprobs": _prompt_logprobs(data)})
+        return _timed(ChatResult(text="", tokens=[], top=[], logprobs=[], finish_reason=None,
+                                 extra={"prompt_logprobs": _prompt_logprobs(data)}, **_usage(data)),
+                      sent)
 
     def prompt_logprobs_supported(self, token_ids: list[int]) -> bool:
         """Does the server give prompt logprobs (vLLM's prompt_logprobs) for these ids?"""
@@ -209,6 +221,20 @@ class Endpoint(ServerIdentity):
                     continue
                 out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
         return out
+
+
+def _usage(data: dict) -> dict:
+    """ChatResult's fields from a response's usage: prompt and completion tokens, and the
+    cached tokens (None when the server reports no count)."""
+    usage = data.get("usage") or {}
+    return {"prompt_tokens": int(usage.get("prompt_tokens") or 0),
+            "completion_tokens": int(usage.get("completion_tokens") or 0),
+            "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens")}
+
+
+def _timed(result: ChatResult, sent: float) -> ChatResult:
+    done = time.time()
+    return replace(result, sent=sent, done=done, seconds=done - sent)
 
 
 def _prompt_logprobs(data: dict) -> list:

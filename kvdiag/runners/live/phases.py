@@ -54,10 +54,14 @@ class ProbeSettings:
     prompt_logprobs: bool = True  # every PLP_EVERY-th round, the first PLP_BLOCKS blocks of its
     # prompt (mostly cached by then) are sent for their prompt logprobs, shared and isolated,
     # where the server gives them: the two must agree at every position (plp_jobs)
+    differential: bool = True  # the key-coverage pairs first (differential.py)
+    differential_only: bool = False  # only them: a quick check of a production server
+    differential_tokens: int = 8  # greedy tokens each pair's answer is compared over
 
 
 async def shared_phase(endpoint: Endpoint, plan: CasePlan, store: RoundStore, s: ProbeSettings,
-                       tick: Callable[[], None], pressure: list[int] = ()) -> None:
+                       tick: Callable[[], None], pressure: list[int] = (),
+                       shared_salt: str | None = None) -> None:
     """The suite's sessions in a closed loop, and beside them the pressure sessions: pressure
     session j replays suite session pressure[j] under its own cache_salt (sharing no block
     with anything else), answers and think times included, so the cache sees more sessions
@@ -76,20 +80,22 @@ async def shared_phase(endpoint: Endpoint, plan: CasePlan, store: RoundStore, s:
         async with sem:
             res = await endpoint.chat(plan.sessions[k].messages(r), max_tokens, model=model,
                                       top_logprobs=s.top_logprobs, cache_salt=salt)
-        store.add(phase, j, r, res, model=model)
+        store.add(phase, j, r, res, model=model, salt=salt)
 
     async def plp(k: int, r: int) -> None:  # after the round: its prefix is cached by now
         if (PLP, k, r) not in store.done:
+            model = plan.model_for(k, r)
             async with sem:
-                res = await endpoint.prompt_logprobs(plp_ids(plan, k, r), model=plan.model_for(k, r))
-            store.add(PLP, k, r, res, **res.extra)
+                res = await endpoint.prompt_logprobs(plp_ids(plan, k, r), model=model,
+                                                     cache_salt=shared_salt)
+            store.add(PLP, k, r, res, model=model, salt=shared_salt, **res.extra)
 
     async def session(phase: str, j: int, k: int) -> None:
         for r in range(plan.case.rounds):
             if (phase, j, r) in store.done:
                 continue
             await asyncio.sleep(plan.schedule.think(k, r) * s.think_scale)
-            salt = f"kvdiag-pressure-{run_salt}-{j}" if phase == PRESSURE else None
+            salt = f"kvdiag-pressure-{run_salt}-{j}" if phase == PRESSURE else shared_salt
             twin = s.twins and phase == SHARED and plan.has_twin(k) and (TWIN, j, r) not in store.done
             await asyncio.gather(one(phase, j, k, r, plan.case.max_tokens, salt),
                                  *([one(TWIN, j, k, r, 1, salt)] if twin else []))

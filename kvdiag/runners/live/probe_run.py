@@ -8,17 +8,22 @@ import asyncio
 import dataclasses
 import hashlib
 import json
+import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvdiag.errors import EndpointError, KvdiagError
 from kvdiag.runners.live import compare as C
+from kvdiag.runners.live import differential as D
 from kvdiag.runners.live import phases as P
+from kvdiag.runners.live.coverage import differential_records, key_coverage
 from kvdiag.runners.live.endpoint import Endpoint
 from kvdiag.runners.live.pressure import ServerCache, observe_recycling, read_server_cache
 from kvdiag.runners.live.store import RoundStore
 from kvdiag.runners.live.tokenizer import RemoteTokenizer
+from kvdiag.runners.records import Record
 from kvdiag.suites import Case, Suite
 
 
@@ -40,6 +45,8 @@ class ProbeRun:
     prefix_cache: dict  # the server's own hit counters over the shared phase
     prompt_logprobs: dict  # twins' prompt logprobs against their isolated rounds' (compare.py)
     traffic: dict = field(default_factory=dict)  # spread, twins, adapter: what reached which class
+    key_coverage: dict = field(default_factory=dict)  # the over-hit oracle and the differential
+    # phase (coverage.key_coverage): raw rows, the judge decides
     first_divergences: list[dict] = field(default_factory=list)
     by_request: list[dict] = field(default_factory=list)
 
@@ -78,7 +85,7 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
         raise KvdiagError(f"{run_dir}: not a probe run directory (no probe.json)")
     meta = json.loads(meta_path.read_text()) if resume else None
     endpoint, who, server = _connect(base_url, model, api_key, suite, settings)
-    plan, salted, settings = _plan(endpoint, suite, case, server, settings, count_with, warn)
+    plan, salted, settings, ids_known = _plan(endpoint, suite, case, server, settings, count_with, warn)
     fresh = {"base_url": base_url, "model": model, "suite": suite.name, "case": case.name,
              "plan_sha": plan_sha(plan), "salted": salted, "adapter": settings.adapter,
              "twins": settings.twins}
@@ -101,7 +108,10 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
     run.traffic = {"spread": settings.spread, "twins": settings.twins, "adapter": settings.adapter,
                    "prompt_logprobs": settings.prompt_logprobs,
                    "twin_requests": sum(phase == P.TWIN for phase, _, _ in store.done),
-                   "isolation": "cache_salt" if salted else "reset_prefix_cache"}
+                   "isolation": "cache_salt" if salted else "reset_prefix_cache",
+                   "differential": settings.differential, "differential_only": settings.differential_only}
+    run.key_coverage = key_coverage(plan, store, pressure, server, who["engine"]["name"], meta,
+                                    ids_known, settings.numerics_margin)
     return run
 
 
@@ -135,18 +145,27 @@ def _plan(endpoint: Endpoint, suite: Suite, case: Case, server: ServerCache,
     if settings.prompt_logprobs and (tokenizer.use_usage or not endpoint.prompt_logprobs_supported(
             P.plp_ids(plan, 0, 0))):  # placeholder ids, or a server without prompt logprobs
         settings = dataclasses.replace(settings, prompt_logprobs=False)
-    return plan, salted, settings
+    if settings.differential and (tokenizer.use_usage or not salted):
+        warn("no /tokenize: the differential phase needs token ids (and the over-hit oracle too)"
+             if tokenizer.use_usage else "the server rejects cache_salt: the differential phase, "
+             "which keeps its pairs in namespaces of their own, is off")
+        settings = dataclasses.replace(settings, differential=False)
+    return plan, salted, settings, not tokenizer.use_usage
 
 
 async def _phases(endpoint: Endpoint, plan, store: RoundStore, settings: P.ProbeSettings,
                   salted: bool, pressure: list[int], meta: dict, meta_path: Path,
                   progress: Callable[[str, int, int], None] | None) -> dict:
-    """The shared, isolated, noise-floor (and prompt-logprob) phases; the server's counters
-    after the shared phase."""
-    jobs = [(k, r) for k in range(len(plan.sessions)) for r in range(plan.case.rounds)]
-    floor = P.floor_jobs(plan, settings.floor_sessions)
-    plp = P.plp_jobs(plan) if settings.prompt_logprobs else []
-    total = 2 * len(jobs) + len(floor) + len(pressure) * plan.case.rounds + len(plp)
+    """The differential phase first (one request at a time, its own salts); then the shared,
+    isolated, noise-floor (and prompt-logprob) phases, or none of them with
+    `differential_only`. Returns the server's counters after the shared phase."""
+    only = settings.differential_only
+    jobs = [] if only else [(k, r) for k in range(len(plan.sessions)) for r in range(plan.case.rounds)]
+    floor = [] if only else P.floor_jobs(plan, settings.floor_sessions)
+    plp = P.plp_jobs(plan) if settings.prompt_logprobs and not only else []
+    block = plan.schedule.block_size  # the server's, as the plan was made for it
+    diff = len(D.pairs(_material(plan), block, settings.adapter)) if settings.differential else 0
+    total = diff + 2 * len(jobs) + len(floor) + len(pressure) * plan.case.rounds * (not only) + len(plp)
     done = [len(store.done)]
 
     def tick_for(phase: str):
@@ -156,17 +175,44 @@ async def _phases(endpoint: Endpoint, plan, store: RoundStore, settings: P.Probe
                 progress(phase, done[0], total)
         return tick
 
-    try:
-        await P.shared_phase(endpoint, plan, store, settings, tick_for("shared (cache on)"), pressure)
-        after = meta.get("metrics_after_shared") or endpoint.metrics()
-        meta["metrics_after_shared"] = after  # a resume after this point keeps it
+    def save(key: str, value) -> None:  # kept in probe.json, for a resumed run
+        meta[key] = value
         meta_path.write_text(json.dumps(meta, indent=2))
+
+    try:
+        if settings.differential:
+            resets = meta.setdefault("resets", [])
+            await D.differential_phase(endpoint, _material(plan), block, store,
+                                       adapter=settings.adapter, max_tokens=settings.differential_tokens,
+                                       top_logprobs=settings.top_logprobs, resets=resets,
+                                       tick=tick_for("differential (key coverage)"))
+            save("resets", resets)
+        if only:
+            return endpoint.metrics()
+        shared_salt = meta.get("shared_salt")
+        if shared_salt is None and salted:
+            shared_salt = f"kvdiag-run-{uuid.uuid4().hex[:12]}"
+        elif (shared_salt is None and meta.get("metrics_after_shared") is None
+              and endpoint.reset_prefix_cache()):
+            # no salts: the oracle must know every request that could have written a block the
+            # shared phase hits, so the phase starts from an empty cache
+            meta.setdefault("resets", []).append(time.time())
+        save("shared_salt", shared_salt)
+        await P.shared_phase(endpoint, plan, store, settings, tick_for("shared (cache on)"), pressure,
+                             shared_salt=shared_salt)
+        after = meta.get("metrics_after_shared") or endpoint.metrics()
+        save("metrics_after_shared", after)  # a resume after this point keeps it
         for phase, work, what in ((P.ISOLATED, jobs, "isolated (fresh cache_salt)"),
                                   (P.FLOOR, floor, "noise floor"), (P.PLP_ISOLATED, plp, "prompt logprobs")):
             await P.isolated_phase(endpoint, plan, store, settings, phase, work, salted, tick_for(what))
     finally:
         await endpoint.aclose()
     return after
+
+
+def _material(plan) -> list[int]:
+    """The differential phase's token ids: the suite's longest prompt (any model's vocabulary)."""
+    return max((ids for session in plan.prompts for ids in session), key=len)
 
 
 def _isolation(endpoint: Endpoint, base_url: str, warn: Callable[[str], None],
@@ -198,10 +244,10 @@ def _facts(base_url, who, plan, store, server, salted, pressure, before, after,
            settings) -> ProbeRun:
     import pandas as pd
 
-    worst, diverged, pairs = C.noise_floor(store)
-    threshold = max(worst, settings.numerics_margin)
-    frame = pd.DataFrame([r.as_dict() for r in C.records(plan, store, base_url, threshold,
-                                                         plan.style, server.block_size, pressure)])
+    rows = (differential_records(store, base_url, settings.numerics_margin, server.block_size)
+            if settings.differential_only else
+            C.records(plan, store, base_url, settings.numerics_margin, plan.style, server.block_size, pressure))
+    frame = pd.DataFrame([r.as_dict() for r in rows], columns=Record.columns())
     shared = {(phase, k, r): row for (phase, k, r), row in store.done.items()
               if phase in (P.SHARED, P.PRESSURE)}
     recycling = observe_recycling(shared, server.block_size, before, after, who["counters"])
@@ -211,13 +257,13 @@ def _facts(base_url, who, plan, store, server, salted, pressure, before, after,
     return ProbeRun(
         frame=frame, plan=plan, model_label=who["model_label"], server=server,
         engine=who["engine"], salted=salted, pressure=pressure, recycling=recycling,
-        noise_floor={"margin": worst, "diverged_pairs": diverged, "pairs": pairs,
-                     "threshold": threshold},
+        noise_floor=C.noise_floor(store) | {"numerics_margin": settings.numerics_margin},
         ground_truth=C.ground_truth(store),
-        prompt_logprobs=C.prompt_logprob_mismatches(store, threshold),
+        prompt_logprobs=C.prompt_logprob_mismatches(store, settings.numerics_margin),
         prefix_cache={"queries": queries, "hits": hits, "hit_rate": hits / queries if queries else None},
-        first_divergences=C.first_divergences(plan, store, corrupt, pressure),
-        by_request=C.by_request_index(plan, store, frame, pressure))
+        first_divergences=[] if settings.differential_only else
+        C.first_divergences(plan, store, corrupt, pressure),
+        by_request=[] if settings.differential_only else C.by_request_index(plan, store, frame, pressure))
 
 
 def _counters_since(meta: dict | None, now: dict, queries: str) -> dict:

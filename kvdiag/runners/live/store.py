@@ -31,7 +31,8 @@ class RoundStore:
                "text": result.text, "tokens": result.tokens, "top": result.top,
                "logprobs": result.logprobs, "prompt_tokens": result.prompt_tokens,
                "cached_tokens": result.cached_tokens, "finish_reason": result.finish_reason,
-               "seconds": round(result.seconds, 4), **extra}
+               "seconds": round(result.seconds, 4), "completion_tokens": result.completion_tokens,
+               "sent": result.sent, "done": result.done, **extra}
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
         os.fsync(self._file.fileno())

@@ -9,17 +9,22 @@ when the later phases look them up:
     salt b              cache_salt B                      misses A's blocks    salt-ignored
     adapter             adapter X                         misses base blocks   lora-ignored
     salt = adapter X    base, cache_salt "X"              misses X's blocks    tags-dropped
+    differential        the live probe's differential     no more than the     slot-omitted,
+                        phase, one request at a time      oracle's bound       range-omitted,
+                        (differential.py)                                      parent-ignored
 
 A miss where a hit would be wrong is all a correct cache owes; a wrong hit shows as a read
 of slots written before the reset or under other weights (the shadow map's namespaces), or
-as a hit on blocks another cache_salt wrote (ShadowCache.cross_tenant). No model, no server:
-the adapter is a name, as vLLM's block hash sees it.
+as a hit on blocks another cache_salt wrote (ShadowCache.cross_tenant), or, in the
+differential phase, as more cached tokens than the over-hit oracle allows. No model, no
+server: the adapter is a name, as vLLM's block hash sees it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from kvdiag.runners.replay.differential import run_differential
 from kvdiag.runners.replay.drive import drive, trace_index
 from kvdiag.runners.replay.trace import Trace, is_twin
 
@@ -33,7 +38,8 @@ PHASES = (("after reset", None, None), ("salt a", "kvdiag-tenant-a", None),
 def run_epilogue(engine, trace: Trace) -> dict:
     """The phases on `engine` (a VllmReplay whose trace has finished). Returns {"reset": did
     vLLM say it reset, "phases": [{"phase", "requests", "hit_tokens", "foreign_slots",
-    "unwritten_slots", "cross_tenant_hits"}], "findings": [one line per wrong hit]}."""
+    "unwritten_slots", "cross_tenant_hits"}], "differential": run_differential's figures,
+    "findings": [one line per wrong hit]}."""
     firsts = [rounds[0] for session, rounds in trace.by_session().items() if not is_twin(session)]
     reset = engine.reset_prefix_cache()
     cap = BLOCKS * trace.config.block_size + 1
@@ -64,4 +70,6 @@ def run_epilogue(engine, trace: Trace) -> dict:
                             "cache_salt wrote")
     if not reset:
         findings.append("after reset: vLLM refused to reset its prefix cache with nothing running")
-    return {"reset": reset, "phases": out, "findings": findings}
+    differential = run_differential(engine, trace, adapter=ADAPTER)
+    findings += differential["findings"]
+    return {"reset": reset, "phases": out, "differential": differential, "findings": findings}

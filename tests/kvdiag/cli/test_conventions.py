@@ -54,6 +54,28 @@ def test_bad_options_fail_before_any_work(args):
     assert len(result.output.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("args,named", [
+    (["probe", "--base-url", "ftp://nosuch", "--model", "canary", "--suite", "smoke"], "not ftp"),
+    (["isolation", "--base-url", "ftp://nosuch", "--model", "canary"], "not ftp"),
+    (["probe", "--base-url", "http://127.0.0.1:9", "--model", "c", "--suite", "{bad}"],
+     ".block_size: Input should be greater than 0 (got -4)"),
+    (["probe", "--base-url", "http://127.0.0.1:9", "--model", "c", "--suite", "{bad_rate}"],
+     "cases[0].ask_new: Input should be less than or equal to 1"),
+])
+def test_bad_input_is_refused_at_the_door(tmp_path, args, named):
+    """A URL that is not http(s), a suite number out of range: one line, the field or the
+    scheme named, before any connection is tried (under 1 s, the imports warmed first)."""
+    (tmp_path / "bad.yaml").write_text("name: bad\nblock_size: -4\ncases:\n  - name: trigger\n")
+    (tmp_path / "rate.yaml").write_text("name: bad\ncases:\n  - name: trigger\n    ask_new: 1.5\n")
+    args = [a.format(bad=tmp_path / "bad.yaml", bad_rate=tmp_path / "rate.yaml") for a in args]
+    CliRunner().invoke(app, args)
+    start = time.monotonic()
+    result = CliRunner().invoke(app, args)
+    assert time.monotonic() - start < 1.0
+    assert result.exit_code == 2 and named in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+
+
 @pytest.mark.parametrize("path,command", _leaves(), ids=lambda v: " ".join(v) if isinstance(v, list) else "")
 def test_every_help_shows_choices_and_ends_with_an_example(path, command):
     text = " ".join((command.help or "").split())

@@ -68,6 +68,22 @@ def test_regress_against_a_buggy_allocator_whose_pool_never_recycles(tmp_path):
     out, console = _regress(tmp_path, "reference:buggy")
     _, as_json = _regress(tmp_path, "reference:buggy", json_out=True)
     _assert_inconclusive_everywhere(tmp_path, out, console, as_json)
+    _assert_no_baseline_without_force(tmp_path, out)
+
+
+def _assert_no_baseline_without_force(tmp_path, out) -> None:
+    """A run that proved nothing never becomes a baseline silently: exit 2 without --force;
+    with it, the baseline is kept and the history records that it was forced."""
+    args = ("baseline", "update", str(out), "--baseline", str(tmp_path / "b.json"),
+            "--history", str(tmp_path / "h.sqlite"))
+    refused = _kvdiag(*args)
+    assert refused.returncode == 2 and "inconclusive, not pass" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr and not (tmp_path / "b.json").exists()
+    forced = _kvdiag(*args, "--force")
+    assert forced.returncode == 0, forced.stderr
+    with sqlite3.connect(tmp_path / "h.sqlite") as con:
+        rows = con.execute("SELECT verdict, forced FROM baselines").fetchall()
+    assert rows == [("inconclusive", 1)]
 
 
 def test_regress_against_a_live_server_that_never_recycles(tmp_path):

@@ -45,7 +45,8 @@ def smoke(tmp_path_factory):
               "--baseline", str(d / "baselines.json")]
     guarded = invoke("regress", "--target", "reference:guarded", "--out", str(d / "guarded"),
                      "--junit", str(d / "guarded.xml"), *common)
-    update = invoke("baseline", "update", str(d / "guarded"), "--baseline", str(d / "baselines.json"))
+    update = invoke("baseline", "update", str(d / "guarded"), "--baseline", str(d / "baselines.json"),
+                    "--history", str(d / "history.sqlite"))
     buggy = invoke("regress", "--target", "reference:buggy", "--out", str(d / "buggy"),
                    "--junit", str(d / "buggy.xml"), *common)
     return d, guarded, update, buggy
@@ -150,7 +151,8 @@ def test_bad_input_exits_2(tmp_path, args, message):
 
 def test_baseline_update_refuses_a_run_not_made_by_regress(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps({"suite": "smoke", "verdict": "pass"}))
-    result = invoke("baseline", "update", str(tmp_path), "--baseline", str(tmp_path / "b.json"))
+    result = invoke("baseline", "update", str(tmp_path), "--baseline", str(tmp_path / "b.json"),
+                    "--history", str(tmp_path / "h.sqlite"))
     assert result.exit_code == 2 and "not made by `kvdiag regress`" in result.output
 
 
@@ -228,7 +230,8 @@ def test_a_live_server_as_the_target(tmp_path):
     with served("--allocator", "guarded", "--max-model-len", "2048") as (url, _):
         first = invoke("regress", "--target", url, "--out", str(tmp_path / "a"), *common)
         assert first.exit_code == 0, first.output
-        assert invoke("baseline", "update", str(tmp_path / "a"), "--baseline", str(tmp_path / "b.json")).exit_code == 0
+        assert invoke("baseline", "update", str(tmp_path / "a"), "--baseline", str(tmp_path / "b.json"),
+                      "--history", str(tmp_path / "h.sqlite")).exit_code == 0
         # a tiny suite against a live server: reuse depends on when concurrent requests arrive
         # (round 1 may or may not find the shared system prompt cached), so loosen BRAI here
         second = invoke("regress", "--target", url, "--out", str(tmp_path / "b"), "--json",

@@ -244,12 +244,11 @@ def test_verdict_is_said_in_words_next_to_the_badge() -> None:
     """The badge and its sentence are the judge's verdict and reason, for every verdict."""
     from kvdiag.summary import ReproduceSummary
     from kvdiag.verdicts import Verdict, judge_probe
+    from tests.kvdiag.test_verdicts import evidence
 
     results = synthetic_results(sessions=2, rounds=3)
-    probe = judge_probe(corrupted=3, rounds=[2, 3], recycling_observed=True, recycling_how="x",
-                        contaminated=0, isolated=6, isolation="cache_salt", pool="p")
-    contaminated = judge_probe(corrupted=0, rounds=[], recycling_observed=True, recycling_how="x",
-                               contaminated=2, isolated=6, isolation="cache_salt", pool="p")
+    probe = judge_probe(evidence(divergences=[("2", 5.0), ("3", 5.0), ("3", 9.0)]))
+    contaminated = judge_probe(evidence(contaminated=2))
     cases = [(Verdict.PASS, "trigger/guarded stayed flat"), (Verdict.FAIL, probe.reason),
              (Verdict.INCONCLUSIVE, "the trigger was not reached"), (Verdict.ERROR, contaminated.reason)]
     for verdict, reason in cases:

@@ -228,6 +228,8 @@ def test_audit_cli_writes_a_run_and_exits_by_verdict(tmp_path, trigger_trace, mo
     assert (tmp_path / "ok" / "report.html").is_file() and (tmp_path / "ok" / "results.parquet").is_file()
     assert {r["allocator"] for r in summary["rounds"]} == {"contiguous", "vllm", "prefix-cache"}
     assert summary["vllm_audit"]["compare"]["explained"][-1]["requests_differing"] == 0
+    differential = summary["vllm_audit"]["epilogue"]["differential"]
+    assert differential["requests"] > 0 and differential["over_hits"] == 0, differential
 
     from vllm.v1.core.block_pool import BlockPool
 
@@ -310,3 +312,90 @@ def test_an_unknown_fault_exits_2_before_anything_runs(tmp_path):
         result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "x")])
         assert result.exit_code == 2 and "unknown vLLM fault" in result.output, result.output
         assert not (tmp_path / "x").exists()
+
+
+def test_a_fault_argument_is_parsed_in_one_place_and_a_bad_one_exits_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from kvdiag.cli import app
+    from kvdiag.engines.vllm.catalog import describe, parse
+
+    assert parse("slot-omitted:9") == ("slot-omitted", {"slot": 9})
+    assert parse("range-omitted:4-11") == ("range-omitted", {"first": 4, "last": 11})
+    assert parse("slot-omitted") == ("slot-omitted", {}) and describe("slot-omitted:9").name == "slot-omitted"
+    for spec in ("slot-omitted:x", "slot-omitted:-1", "range-omitted:5-4", "range-omitted:3",
+                 "stale-hash:2"):
+        with pytest.raises(KvdiagError, match=spec.split(":")[0]):
+            parse(spec)
+    result = CliRunner().invoke(app, ["audit-vllm", "--fault", "range-omitted:9-2", "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2 and "range-omitted:9-2" in result.output, result.output
+    assert not (tmp_path / "x").exists()
+
+
+# --- the key-coverage family: the differential phase against the over-hit oracle ------------
+@pytest.fixture(scope="module")
+def small_trace_path(tmp_path_factory):
+    from kvdiag.scenarios import make_schedule
+    from tests.sessions_util import answer_lengths
+
+    path = tmp_path_factory.mktemp("small") / "small.jsonl"
+    write_trace(from_schedule(make_schedule("trigger", answer_lengths(4, 4), min_user=6, shared_prefix=64,
+                                            boundary=256, start_range=(180, 240))), path)
+    return path
+
+
+def _audit(path, out, fault=None):
+    """kvdiag audit-vllm on a recorded trace: (exit code, output, summary.json)."""
+    import typer
+    from typer.testing import CliRunner
+
+    from kvdiag.cli.audit import audit_vllm
+    from tests.kvdiag.schema_util import assert_valid_summary
+
+    app = typer.Typer()
+    app.command("audit-vllm")(audit_vllm)
+    app.command("noop")(lambda: None)
+    args = ["audit-vllm", "--trace", str(path), "--out", str(out), "--compare", "none"]
+    result = CliRunner().invoke(app, args + (["--fault", fault] if fault else []))
+    return result.exit_code, result.output, assert_valid_summary(out, "audit")
+
+
+def _over_hits(summary) -> set[str]:
+    from kvdiag.verdicts import over_hit
+
+    rows = summary["vllm_audit"]["epilogue"]["differential"]["rows"]
+    return {r["name"] for r in rows if over_hit(r["cached"], r["bound"])}
+
+
+@needs_vllm
+def test_healthy_vllm_has_no_over_hit_in_the_differential_phase(small_trace_path, tmp_path):
+    code, output, summary = _audit(small_trace_path, tmp_path / "healthy")
+    differential = summary["vllm_audit"]["epilogue"]["differential"]
+    assert code == 0 and summary["verdict"] == "pass", output
+    assert differential["skipped"] is None and differential["requests"] == len(differential["rows"]) > 0
+    assert differential["over_hits"] == 0 and _over_hits(summary) == set()
+    assert {r["family"] for r in differential["rows"]} >= {"slot", "range", "parent", "namespace"}
+
+
+@needs_vllm
+@pytest.mark.parametrize("fault, offsets", [
+    ("slot-omitted", {0}), ("slot-omitted:9", {9}), ("range-omitted:4-11", set(range(4, 12))),
+    ("range-omitted", set(range(2, 6))), ("partial-hash", {"last"}), ("parent-ignored", set())])
+def test_key_coverage_faults_fail_the_audit_by_over_hits(small_trace_path, tmp_path, fault, offsets):
+    """Each fault whose block key leaves out a slot, a range of slots or the parent chain
+    fails the audit through the over-hit oracle: the differential requests that differ from
+    the base request only where the key does not look are served the base's blocks."""
+    from kvdiag.runners.replay.trace import read_trace
+
+    code, output, summary = _audit(small_trace_path, tmp_path / "run", fault)
+    assert code == 1 and summary["verdict"] == "fail", output
+    assert "differential: " in summary["reason"]
+    block = read_trace(small_trace_path).config.block_size
+    wanted = {f"slot {block - 1 if o == 'last' else o}" for o in offsets}
+    over = _over_hits(summary)
+    assert summary["vllm_audit"]["epilogue"]["differential"]["over_hits"] == len(over) > 0
+    if wanted:  # exactly the slots the key leaves out, and no other slot
+        assert {n for n in over if n.startswith("slot ")} == wanted, over
+    else:  # the parent chain: blocks found by content after another prefix or position
+        assert over and not any(n.startswith("slot ") for n in over), over
+        assert over <= {"permuted", "repeated", "spliced"}, over

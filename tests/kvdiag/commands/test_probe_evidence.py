@@ -1,0 +1,82 @@
+"""No PASS without evidence, against real `kvdiag serve` subprocesses: the over-hit oracle and
+the differential phase catch members of the key-coverage family that no catalog names (a key
+that leaves out any slot or range of a block, or its parent), a healthy server passes; a
+server that reports no cached-token count, or whose isolated answers disagree, is not judged."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.kvdiag.proxy import proxied
+from tests.kvdiag.serving import served, smoke_pool
+
+
+def _server(allocator: str) -> list[str]:
+    return ["--allocator", allocator, "--num-blocks", str(smoke_pool()), "--max-num-seqs", "16",
+            "--max-model-len", "2048"]
+
+
+def _probe(url: str, out, *extra: str, timeout: float = 600) -> tuple[subprocess.CompletedProcess, dict]:
+    run = subprocess.run([sys.executable, "-m", "kvdiag", "probe", "--base-url", url, "--model",
+                          "canary", "--suite", "smoke", "--out", str(out), "--json", *extra],
+                         capture_output=True, text=True, timeout=timeout)
+    return run, json.loads(run.stdout) if run.stdout.strip() else {}
+
+
+# key-coverage members, none of them a catalog entry: a key that leaves out one slot (first,
+# middle), a range of slots, or the parent chain; the healthy allocator must pass
+@pytest.mark.parametrize("allocator,over", [("prefix-cache", False), ("key-omits:0", True),
+                                            ("key-omits:9", True), ("key-omits:4-11", True),
+                                            ("unchained-hash", True)])
+def test_the_differential_phase_catches_the_key_coverage_family(tmp_path, allocator, over):
+    with served(*_server(allocator)) as (url, _):
+        run, summary = _probe(url, tmp_path / "d", "--differential-only", timeout=300)
+    oracle = summary["key_coverage"]["oracle"]
+    assert oracle["available"] and oracle["checked"] >= 20
+    if not over:
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert summary["verdict"] == "pass" and oracle["over_hits"] == 0
+        isolated = summary["ground_truth"]["isolated"]
+        assert f"ground truth: {isolated} isolated requests reported 0 cached tokens" in summary["reason"]
+        return
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert summary["verdict"] == "fail" and summary["reason"].startswith("over-hit: ")
+    first = oracle["examples"][0]
+    assert first["cached"] > first["bound"]
+    # every over-hit is a differential pair whose tokens part from all earlier ones inside the
+    # block the fault leaves (partly) out of its key
+    assert all(e["what"].startswith("differential pair") for e in oracle["examples"])
+
+
+def test_a_server_that_reports_no_cached_tokens_is_not_a_pass(tmp_path):
+    """Behind a proxy that drops usage.prompt_tokens_details, a healthy server's probe cannot
+    check its ground truth: exit 2 naming the flags, never 0. Straight to the server: 0."""
+    with served(*_server("guarded")) as (url, _):
+        direct, _ = _probe(url, tmp_path / "direct", "--differential-only")
+        with proxied(url, "drop-count") as through:
+            run, summary = _probe(through, tmp_path / "p")
+    assert direct.returncode == 0, direct.stderr[-2000:]
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert summary["verdict"] == "error"
+    assert summary["reason"].startswith("ground truth unproved: ")
+    assert "--enable-prompt-tokens-details" in summary["reason"]
+    assert "--enable-cache-report" in summary["reason"]
+    assert summary["ground_truth"]["unchecked"] == summary["ground_truth"]["isolated"] > 200
+    assert not summary["key_coverage"]["oracle"]["available"]
+
+
+@pytest.mark.slow  # ~60 s
+def test_isolated_runs_that_disagree_make_the_ground_truth_unstable(tmp_path):
+    """A proxy changes the first token of every repeated isolated answer: the noise floor is
+    reported as an unstable ground truth (exit 2), not raised into the corruption threshold."""
+    with served(*_server("guarded")) as (url, _), proxied(url, "perturb-repeats") as through:
+        run, summary = _probe(through, tmp_path / "u", "--no-differential")
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert summary["verdict"] == "error" and summary["reason"].startswith("ground truth unstable: ")
+    floor = summary["noise_floor"]
+    assert floor["diverged_pairs"] == floor["pairs"] > 0 and floor["margin"] > floor["numerics_margin"]
+    assert summary["corrupted_requests"] == 0  # the shared answers matched the first isolated runs
