@@ -46,7 +46,13 @@ def choose(engine: str, faults: list[str] | None, paths: list[str]) -> tuple[lis
     names = [n for f in faults or ["all"] for n in f.split(",") if n]
     if "all" in names:
         names = list(known)
-    unknown = [n for n in names if n not in known and n != HEALTHY]
+    if engine == "vllm":  # NAME:ARG (slot-omitted:5), checked before anything starts
+        from kvdiag.engines.vllm.catalog import parse
+
+        for n in names:
+            if n != HEALTHY and n.partition(":")[0] in known:
+                parse(n)
+    unknown = [n for n in names if n.partition(":")[0] not in known and n != HEALTHY]
     if unknown:
         shown = {"vllm": "vLLM", "sglang": "SGLang"}[engine]
         raise KvdiagError(f"unknown {shown} fault {unknown[0]!r} (known: {', '.join(known)})")
@@ -66,7 +72,8 @@ def row(name: str, fault: Fault | None, path: str, verdict: Verdict, reason: str
     return {"fault": name, "path": path, "class": fault.fault_class if fault else "-",
             "reports": "; ".join(fault.reports) if fault else "",
             "verdict": verdict.value, "expected": want.value,
-            "caught": caught_as_expected(verdict, want), "corrupted": facts.get("corrupted"),
+            "caught": caught_as_expected(verdict, want), "caught_by": facts.get("caught_by", "-"),
+            "corrupted": facts.get("corrupted"),
             "first_round": facts.get("first_round"), "requests_to_first": facts.get("requests_to_first"),
             "numerics": facts.get("numerics"), "seconds": round(seconds, 1),
             "run_dir": facts.get("run_dir"), "reason": reason}
@@ -83,9 +90,10 @@ def audit_rows(names: list[str], faults: dict, trace, info: Callable[[str], None
         run = planted_audit(trace, None, None if name == HEALTHY else name, api=api)
         judged = judge(run)
         first = run.first_corruption()
-        out.append(row(name, faults.get(name), "audit", judged.verdict, judged.reason,
+        out.append(row(name, faults.get(name.partition(":")[0]), "audit", judged.verdict, judged.reason,
                        time.perf_counter() - t0, corrupted=run.corrupted_requests(),
-                       first_round=first[0], requests_to_first=first[1], numerics=0))
+                       first_round=first[0], requests_to_first=first[1], numerics=0,
+                       caught_by=_audit_channels(run.section)))
     return out
 
 
@@ -118,12 +126,40 @@ def live_row(engine: str, name: str, fault: Fault | None, suite: str, case: str 
         return row(name, fault, "live", judged.verdict, judged.reason, time.perf_counter() - t0)
     s = result.summary
     firsts = getattr(s, "first_divergences", None) or []
+    over = ((getattr(s, "key_coverage", None) or {}).get("oracle") or {})
+    # the request (in landing order) of the first detection, by any channel
+    landed = [f.get("index") for f in firsts] + [e.get("index") for e in over.get("examples", [])]
+    landed = [i for i in landed if i is not None]
     return row(name, fault, "live", result.verdict, s.reason, time.perf_counter() - t0,
                corrupted=getattr(s, "corrupted_requests", None),
                first_round=firsts[0]["round"] if firsts else None,
-               requests_to_first=min((f["index"] for f in firsts if f.get("index") is not None),
-                                     default=None) if firsts else None,
-               numerics=getattr(s, "numerics_requests", None), run_dir=str(result.run_dir))
+               requests_to_first=min(landed) + 1 if landed else None,
+               numerics=getattr(s, "numerics_requests", None), run_dir=str(result.run_dir),
+               caught_by=_live_channels(s))
+
+
+def _live_channels(s) -> str:
+    """How a live run caught its fault, from what its judge counted: over-hit, answer, prompt
+    logprobs, ground truth (isolated requests hit the cache), the isolation audit."""
+    if getattr(s, "kind", "") == "isolation":
+        return "isolation audit" if s.verdict is Verdict.FAIL else "-"
+    over = ((getattr(s, "key_coverage", None) or {}).get("oracle") or {}).get("over_hits", 0)
+    found = [("over-hit", over), ("answer", getattr(s, "corrupted_requests", 0)),
+             ("prompt logprobs", (getattr(s, "prompt_logprobs", None) or {}).get("mismatched", 0)),
+             ("ground truth", (getattr(s, "ground_truth", None) or {}).get("contaminated", 0))]
+    return " + ".join(what for what, n in found if n) or "-"
+
+
+def _audit_channels(section: dict) -> str:
+    """How the model-free audit caught its fault: corrupted read, invariant, salt hit, the
+    differential phase's over-hits, the epilogue's other phases."""
+    epilogue = section.get("epilogue") or {}
+    over = (epilogue.get("differential") or {}).get("over_hits", 0)
+    found = [("corrupted read", section.get("corrupted_rounds")),
+             ("invariant", section.get("invariant_violations")),
+             ("salt hit", section.get("cross_tenant_hits")), ("over-hit", over),
+             ("epilogue", len(epilogue.get("findings") or []) > (1 if over else 0))]
+    return " + ".join(what for what, n in found if n) or "-"
 
 
 def detect(engine: str = "vllm", faults: list[str] | None = None, paths: list[str] = ("audit",),
@@ -151,7 +187,7 @@ def detect(engine: str = "vllm", faults: list[str] | None = None, paths: list[st
             update(advance=len(names))
         if "live" in paths:
             for name in names:
-                rows.append(live_row(engine, name, known.get(name), suite, chosen.name, run.path, info))
+                rows.append(live_row(engine, name, known.get(name.partition(":")[0]), suite, chosen.name, run.path, info))
                 update(advance=1)
     judged = judge_matrix((f"{r['fault']}/{r['path']}", Verdict(r["verdict"]), Verdict(r["expected"]))
                           for r in rows)

@@ -86,7 +86,8 @@ def _key_coverage(run: ProbeRun, verdict: Judgement) -> dict:
     oracle = {k: v for k, v in run.key_coverage.get("oracle", {}).items() if k != "hits"}
     return {"oracle": oracle | {"over_hits": verdict.details.get("over_hits", 0),
                                 "examples": verdict.details.get("over_hit_examples", [])},
-            "differential": run.key_coverage.get("differential", [])}
+            "differential": run.key_coverage.get("differential", []),
+            "differential_skipped": run.key_coverage.get("differential_skipped", [])}
 
 
 def probe(suite: str, case: str | None = None, style: str | None = None, *,

@@ -10,7 +10,8 @@ from kvdiag.report.style import CSS
 from kvdiag.verdicts import Verdict
 
 COLUMNS = (("fault", "fault"), ("path", "path"), ("class", "class"), ("verdict", "verdict"),
-           ("expected", "expected"), ("corrupted", "corrupted"), ("first_round", "first round"),
+           ("expected", "expected"), ("caught_by", "caught by"), ("corrupted", "corrupted"),
+           ("first_round", "first round"),
            ("requests_to_first", "requests to first"), ("numerics", "numerics"),
            ("seconds", "wall s"), ("reports", "real reports"))
 

@@ -123,7 +123,9 @@ def _key_coverage_lines(kc: dict) -> list[str]:
                      "counts or no token ids)")
     if pairs:
         families = sorted({p["family"] for p in pairs})
-        lines.append(f"differential phase: {len(pairs)} requests ({', '.join(families)})")
+        skipped = kc.get("differential_skipped") or []
+        lines.append(f"differential phase: {len(pairs)} requests ({', '.join(families)})"
+                     + (f"; skipped: {'; '.join(skipped)}" if skipped else ""))
     return lines
 
 

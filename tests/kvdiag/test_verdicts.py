@@ -129,9 +129,9 @@ def _assignments(path: Path) -> list[str]:
 
 def test_no_module_but_the_verdict_module_assigns_a_verdict():
     sources = [p for package in ("kvdiag", "reference_engine") for p in (ROOT / package).rglob("*.py")
-               if p != ROOT / "kvdiag" / "verdicts.py"]
+               if (ROOT / "kvdiag" / "verdicts") not in p.parents]
     assigned = [line for p in sources for line in _assignments(p)]
-    assert not assigned, "verdicts assigned outside kvdiag/verdicts.py:\n" + "\n".join(assigned)
+    assert not assigned, "verdicts assigned outside kvdiag/verdicts/:\n" + "\n".join(assigned)
 
 
 def test_the_source_check_can_fail(tmp_path):

@@ -25,13 +25,15 @@ import logging
 import os
 import sys
 
-from kvdiag.engines.sglang.faults import FAULT_ENV, FAULTS, TREE_CORE_ENV
+from kvdiag.engines.sglang.faults import FAULT_ENV, FAULTS, PAGE_OVERRUN_SIZE, TREE_CORE_ENV
 
 log = logging.getLogger("kvdiag.sglang_plugin")
 _planted: set[str] = set()
 _armed: list[str] = []  # register() runs once per .pth copy (a venv's lib64 -> lib shows it twice)
 # a stale node's own pages (those it frees when evicted), beside the pages it reads (value)
 _OWNED = "kvdiag_owned_value"
+# server arguments a fault sets before SGLang resolves its own (sglang-local passes --page-size 1)
+_SERVER_ARGS = {"page-overrun": {"page_size": PAGE_OVERRUN_SIZE}}
 
 
 def register() -> None:
@@ -44,6 +46,9 @@ def register() -> None:
         # set here, in the launching process, so the spawned scheduler inherits it
         for key, value in FAULTS[name].server_env.items():
             os.environ.setdefault(key, value)
+    if name in _SERVER_ARGS:
+        _after_import("sglang.srt.server_args",
+                      lambda module: _wrap_resolve(module, _SERVER_ARGS[name]))
     _after_import("sglang.srt.plugins", lambda module: _wrap_load_plugins(module, name))
 
 
@@ -55,7 +60,9 @@ def plant(name: str) -> None:
         log.error("kvdiag: unknown fault %s=%r (known: %s): refusing to start",
                   FAULT_ENV, name, ", ".join(FAULTS))
         raise ValueError(f"kvdiag: unknown fault {FAULT_ENV}={name!r} (known: {', '.join(FAULTS)})")
-    {"stale-node": _plant_stale_node, "salt-ignored": _plant_salt_ignored}[name]()
+    {"stale-node": _plant_stale_node, "salt-ignored": _plant_salt_ignored,
+     "match-overrun": lambda: _plant_overrun(_next_page),
+     "page-overrun": lambda: _plant_overrun(_partial_page, tokens=True)}[name]()
     _planted.add(name)
     # a warning: shown whether or not SGLang has configured logging in this process yet
     # (Python's last-resort handler writes it to stderr otherwise)
@@ -71,6 +78,21 @@ def _wrap_load_plugins(module, name: str) -> None:
         return original()
 
     module.load_plugins = load_plugins
+
+
+def _wrap_resolve(module, args: dict) -> None:
+    """ServerArgs.resolve_once() sets `args` first, in the process that builds the server's
+    arguments (spawned processes receive them resolved)."""
+    cls = module.ServerArgs
+    resolve_once = cls.resolve_once
+
+    def resolve_once_(self) -> None:
+        if not getattr(self, "_resolution_finished", False):
+            for key, value in args.items():
+                setattr(self, key, value)
+        return resolve_once(self)
+
+    cls.resolve_once = resolve_once_
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -199,3 +221,143 @@ def _plant_stale_node() -> None:
     UnifiedTreeCore._add_new_node = _add_new_node
     FullComponent.evict_component = evict_component_
     FullComponent.redistribute_on_node_split = redistribute_on_node_split
+
+
+def _plant_overrun(pick, tokens: bool = False) -> None:
+    """A request's prefix match runs one page past where the tree's and the request's tokens
+    part: it is served the matched path plus the K/V of a page the tree holds there (a
+    child's, keyed by other tokens), and reports that page as cached. `pick(cache, key, n,
+    last)` chooses the page: the slots of the tree's page after slot `last` (the match's last,
+    at n tokens) that the request runs into, or None; with `tokens`, the tree's inserts also
+    note each slot's token id for it (_slot_tokens).
+
+        tree      [t0 .. t(n-1)] [a_n a_(n+1) ..]      a child: other tokens from some i >= n
+        request   [t0 .. t(n-1)] [x_n x_(n+1) ..]      the match: n (page aligned)
+        served    path[:n] + a copy of the child's page K/V      prefix and cached: n + page
+
+    Lives in UnifiedRadixCache, above the tree core, so it acts with SGLang's default
+    (Rust) TreeCore as with the Python one. Silent by construction: the page's K/V is copied
+    into a page the request allocates and owns (like SGLang's own request-private prefix
+    tails, cache_protected_len stays at the tree's n), so no slot is shared, none is freed
+    twice and the pool's counts stay exact; the request then inserts that page under its own
+    tokens, so the wrong K/V stays cached for whoever matches them next. Only a scheduler's
+    match for a request (one that allocates next) overruns, never one that stops at the root
+    (no namespace to stay in) or runs into the request's last, uncacheable token."""
+    import torch
+    from sglang.srt.mem_cache.allocation import alloc_token_slots
+    from sglang.srt.mem_cache.memory_pool import move_kv_cache_native
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+    match_tree = UnifiedRadixCache._match_tree
+    prefix_device_indices = UnifiedRadixCache.prefix_device_indices
+    insert = UnifiedRadixCache.insert
+    overrun: dict[str, tuple[int, torch.Tensor]] = {}  # rid -> (tree's match, page run into)
+
+    def match_tree_(self, params):
+        result = match_tree(self, params)
+        req = params.req
+        if req is None:
+            return result
+        overrun.pop(req.rid, None)
+        n, page = result.device_prefix_len, self.page_size
+        if (n == 0 or n + page > len(params.key) or result.host_hit_length
+                or result.cache_protected_len is not None):
+            return result
+        root = self.root_node_handle(params.key.extra_key)
+        path = self.tree_core.collect_full_device_indices(result.last_device_node, root)
+        ahead = pick(self, params.key, n, int(path[-1])) if len(path) == n else None
+        if ahead is None:
+            return result
+        overrun[req.rid] = (n, ahead)
+        # FAULT: the page past the match counts as matched
+        return result._replace(device_prefix_len=n + page, cache_protected_len=n)
+
+    def prefix_device_indices_(self, req):
+        n, ahead = overrun.pop(req.rid, (None, None))
+        if n is None or req.prefix_len != n + len(ahead):
+            return prefix_device_indices(self, req)
+        root = self.root_node_handle(req.extra_key)
+        path = self.tree_core.collect_full_device_indices(req.last_node, root)[:n]
+        own = alloc_token_slots(self, len(ahead)).to(torch.int64)  # a page of the request's own
+        pool = self.token_to_kv_pool_allocator.get_kvcache()
+        ahead = ahead.to(own.device)
+        if getattr(pool, "use_hnd", False) or not hasattr(pool, "k_buffer"):
+            pool.move_kv_cache(own, ahead)
+        else:
+            move_kv_cache_native(pool.k_buffer, pool.v_buffer, own, ahead)
+        return torch.cat([path.to(torch.int64), own.to(path.device)])
+
+    def insert_(self, params):
+        # the token of every slot the tree is given (page-overrun reads the tree's tokens)
+        if params.value is not None and not params.key.is_bigram:
+            ids = params.key.raw_token_ids()[:len(params.value)]
+            slots = params.value[:len(ids)].to("cpu", torch.int64)
+            if len(slots):
+                _slot_tokens(self, int(slots.max()) + 1)[slots] = torch.tensor(ids, dtype=torch.int64)
+        return insert(self, params)
+
+    UnifiedRadixCache._match_tree = match_tree_
+    UnifiedRadixCache.prefix_device_indices = prefix_device_indices_
+    if tokens:
+        UnifiedRadixCache.insert = insert_
+
+
+def _slot_tokens(cache, size: int = 0):
+    """The token id each slot of `cache`'s tree holds (-1: never inserted), long enough for
+    `size` slots."""
+    import torch
+
+    table = getattr(cache, "_kvdiag_slot_tokens", None)
+    if table is None or len(table) < size:
+        grown = torch.full((max(size, 2 * len(table) if table is not None else 4096),), -1,
+                           dtype=torch.int64)
+        if table is not None:
+            grown[:len(table)] = table
+        table = cache._kvdiag_slot_tokens = grown
+    return table
+
+
+def _chain(walk, first: int, count: int):
+    """`count` slots of the tree from slot `first` on, each the next one's parent (a page lies
+    inside one node: nodes split on page boundaries); None where the path ends first."""
+    out = [first]
+    while len(out) < count:
+        hit = (walk.prev_slot_indices == out[-1]).nonzero()
+        if hit.numel() == 0:
+            return None
+        out.append(int(walk.slot_indices[hit[0, 0]]))
+    return out
+
+
+def _next_page(cache, key, n: int, last: int):
+    """match-overrun: the first page of the tree's first child after slot `last`."""
+    import torch
+
+    walk = cache.tree_core.walk_for_kv_canary(False, False)  # rows: (slot, position, prev slot)
+    for first in walk.slot_indices[walk.prev_slot_indices == last].tolist():
+        page = _chain(walk, first, cache.page_size)
+        if page is not None:
+            return torch.tensor(page, dtype=torch.int64)
+    return None
+
+
+def _partial_page(cache, key, n: int, last: int):
+    """page-overrun: the tree's page after slot `last` that the request shares some but not
+    all tokens with (the match rounds up, to the end of the page they part in)."""
+    import torch
+
+    size = cache.page_size
+    if size == 1:
+        return None
+    walk = cache.tree_core.walk_for_kv_canary(False, False)
+    want = torch.tensor(key.raw_token_ids()[n:n + size], dtype=torch.int64)
+    tokens = _slot_tokens(cache)
+    for first in walk.slot_indices[walk.prev_slot_indices == last].tolist():
+        page = _chain(walk, first, size)
+        if page is None or max(page) >= len(tokens):
+            continue
+        differ = (tokens[page] != want).nonzero()
+        common = int(differ[0, 0]) if differ.numel() else size
+        if 0 < common < size:  # FAULT: a partial page counts as a whole one
+            return torch.tensor(page, dtype=torch.int64)
+    return None

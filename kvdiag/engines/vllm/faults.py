@@ -4,12 +4,15 @@ vLLM import here."""
 
 from __future__ import annotations
 
-from kvdiag.engines.fault import check_name
-from kvdiag.engines.vllm.catalog import FAULTS
+from kvdiag.engines.vllm.catalog import parse
 
 FAULT_ENV = "KVDIAG_VLLM_FAULT"  # names the fault the plugin plants; unset or empty: inert
 
 
 def check_fault(name: str | None) -> str | None:
-    """The fault name, or None for none; an unknown name raises KvdiagError (exit 2)."""
-    return check_name("vLLM", FAULTS, name)
+    """The fault as given (NAME or NAME:ARG), or None for none; an unknown name or a bad
+    argument raises KvdiagError (exit 2)."""
+    if not name:
+        return None
+    parse(name)
+    return name

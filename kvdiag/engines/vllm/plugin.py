@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 
-from kvdiag.engines.vllm.catalog import FAULTS
+from kvdiag.engines.vllm.catalog import FAULTS, parse
 from kvdiag.engines.vllm.faults import FAULT_ENV
 
 log = logging.getLogger("kvdiag.vllm_plugin")
@@ -24,10 +24,11 @@ def register() -> None:
     name = os.environ.get(FAULT_ENV, "").strip()
     if not name or name in _planted:
         return
-    if name not in FAULTS:
-        log.error("kvdiag: unknown fault %s=%r (known: %s): refusing to start",
-                  FAULT_ENV, name, ", ".join(FAULTS))
-        raise ValueError(f"kvdiag: unknown fault {FAULT_ENV}={name!r} (known: {', '.join(FAULTS)})")
+    try:
+        base, _ = parse(name)  # NAME or NAME:ARG
+    except Exception as e:  # KvdiagError: vLLM must not start without the fault it was asked for
+        log.error("kvdiag: %s=%r: %s: refusing to start", FAULT_ENV, name, e)
+        raise ValueError(f"kvdiag: {FAULT_ENV}={name!r}: {e}") from None
     from kvdiag.engines.vllm.plants import plant
 
     plant(name)
@@ -35,4 +36,4 @@ def register() -> None:
     # a warning: shown whether or not vLLM configured handlers for foreign loggers (Python's
     # last-resort handler writes it to stderr otherwise)
     log.warning("kvdiag: PLANTED FAULT %s in this vLLM (pid %d): %s", name, os.getpid(),
-                FAULTS[name].summary)
+                FAULTS[base].summary)

@@ -74,7 +74,7 @@ def key_coverage(plan, store: RoundStore, pressure: list[int], server: ServerCac
         else:
             twin = None  # a one-token twin or a prompt-logprob request: no answer to compare
         hit = {"what": _what(plan, phase, j, r, row, pressure), "phase": phase, "cached": cached,
-               "bound": bound, "prompt_tokens": row.get("prompt_tokens"),
+               "bound": bound, "prompt_tokens": row.get("prompt_tokens"), "index": row.get("index"),
                "margin": _margin(row, twin) if phase in (DIFF, P.SHARED, P.PRESSURE) else None}
         hits.append(hit)
         bounded[(phase, j, r)] = bound
@@ -83,7 +83,8 @@ def key_coverage(plan, store: RoundStore, pressure: list[int], server: ServerCac
             pairs.append({"name": row.get("name"), "family": row.get("family"),
                           "cached": row.get("cached_tokens"), "bound": bounded.get((phase, j, r)),
                           "margin": _margin(row, store.done.get((DIFF_ISOLATED, j, r)))})
-    return {"oracle": evidence | {"hits": hits}, "differential": pairs}
+    return {"oracle": evidence | {"hits": hits}, "differential": pairs,
+            "differential_skipped": meta.get("differential_skipped", [])}
 
 
 def differential_records(store: RoundStore, target: str, numerics_margin: float,

@@ -98,10 +98,13 @@ def pairs(material: list[int], block: int, adapter: str | None) -> list[Pair]:
 
 async def differential_phase(endpoint: Endpoint, material: list[int], block: int, store: RoundStore,
                              *, adapter: str | None, max_tokens: int, top_logprobs: int,
-                             resets: list[float], tick: Callable[[], None]) -> None:
+                             resets: list[float], skipped: list[str],
+                             tick: Callable[[], None]) -> None:
     """Send every pair, one at a time, each followed by its cache-isolated twin (a fresh
     salt); each row keeps its ids, salt, model and name for the oracle and the judge. A
-    successful reset's time goes into `resets`; a server without one skips that pair."""
+    successful reset's time goes into `resets`; a server without a working reset (vLLM
+    serves /reset_prefix_cache only with VLLM_SERVER_DEV_MODE=1) skips that pair, named in
+    `skipped`."""
     import time
 
     salt = f"kvdiag-diff-{uuid.uuid4().hex[:12]}"
@@ -111,6 +114,7 @@ async def differential_phase(endpoint: Endpoint, material: list[int], block: int
             continue
         if p.reset:
             if not endpoint.reset_prefix_cache():
+                skipped.append(f"{p.name}: the server has no working /reset_prefix_cache")
                 tick()
                 continue
             resets.append(time.time())
@@ -124,6 +128,3 @@ async def differential_phase(endpoint: Endpoint, material: list[int], block: int
         tick()
 
 
-def count(block: int, adapter: str | None) -> int:
-    """The phase's pairs (for progress), without building them."""
-    return 2 + block + 3 + 1 + 3 + 1 + (adapter is not None) + 1

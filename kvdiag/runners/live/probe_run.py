@@ -181,12 +181,13 @@ async def _phases(endpoint: Endpoint, plan, store: RoundStore, settings: P.Probe
 
     try:
         if settings.differential:
-            resets = meta.setdefault("resets", [])
+            resets, skipped = meta.setdefault("resets", []), []
             await D.differential_phase(endpoint, _material(plan), block, store,
                                        adapter=settings.adapter, max_tokens=settings.differential_tokens,
                                        top_logprobs=settings.top_logprobs, resets=resets,
-                                       tick=tick_for("differential (key coverage)"))
+                                       skipped=skipped, tick=tick_for("differential (key coverage)"))
             save("resets", resets)
+            save("differential_skipped", sorted(set(meta.get("differential_skipped", []) + skipped)))
         if only:
             return endpoint.metrics()
         shared_salt = meta.get("shared_salt")
@@ -252,6 +253,8 @@ def _facts(base_url, who, plan, store, server, salted, pressure, before, after,
               if phase in (P.SHARED, P.PRESSURE)}
     recycling = observe_recycling(shared, server.block_size, before, after, who["counters"])
     recycling["pressure_sessions"] = len(pressure)
+    if settings.differential_only:
+        recycling["how"] = "not measured: the differential phase alone needs no recycling"
     queries, hits = (after.get(n, 0) - before.get(n, 0) for n in who["counters"].names)
     corrupt = frame[(frame["allocator"] == P.SHARED) & (frame["classification"] == "corruption")]
     return ProbeRun(

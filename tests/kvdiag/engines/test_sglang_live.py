@@ -1,7 +1,9 @@
 """kvdiag against a real SGLang (0.5.23 on CPU, started by kvdiag.engines.sglang.SglangLocal):
 the probe passes a healthy SGLang with recycling observed and fails one with `stale-node`
-planted (naming rounds and first divergent tokens); the isolation audit sees `salt-ignored`
-leak across salts; regress completes against sglang-local; a probe whose server dies mid-run
+planted (naming rounds and first divergent tokens); the differential phase alone passes a
+healthy SGLang with no over-hit and fails one whose prefix match runs past the divergence
+(`match-overrun`, `page-overrun`) by over-hit; the isolation audit sees `salt-ignored` leak
+across salts; regress completes against sglang-local; a probe whose server dies mid-run
 exits 2 and resumes against a new one. Slow; skipped without the env (`make sglang-cpu-env`;
 `make test-sglang-live` builds it and runs these). Bad input needs no env and runs always."""
 
@@ -13,6 +15,8 @@ import sys
 
 import pytest
 
+from kvdiag.engines.sglang import plugin
+from kvdiag.engines.sglang.faults import PAGE_OVERRUN_SIZE
 from kvdiag.engines.sglang.launcher import SglangLocal, sglang_available
 from kvdiag.errors import KvdiagError
 from kvdiag.paths import CANARY
@@ -69,6 +73,62 @@ def test_probe_of_sglang_local(fault, tmp_path):
     first = summary["first_divergences"][0]
     assert first["round"] in summary["corruption_rounds"]
     assert first["shared_token"] != first["isolated_token"]
+
+
+@pytest.mark.parametrize("fault", [None, "match-overrun", "page-overrun"])
+@pytest.mark.slow
+@pytest.mark.sglang_live
+@needs_sglang
+def test_the_differential_phase_of_sglang_local(fault, tmp_path):
+    """Pairs of prompts that part at one token, one at a time: a healthy SGLang reports no
+    request above what its namespace could have cached; a match that runs past the token where
+    a pair parts (one token at SGLang's page size 1; or, at page size 16, to the end of the
+    page they part in) over-hits, and the count tells which."""
+    target = "sglang-local" + (f":{fault}" if fault else "")
+    code, summary, err = _kvdiag("probe", "--target", target, "--suite", "smoke", "--differential-only",
+                                 "--out", str(tmp_path / "p"))
+    log = (tmp_path / "p" / "sglang.log").read_text()
+    oracle, pairs = summary["key_coverage"]["oracle"], summary["key_coverage"]["differential"]
+    assert oracle["available"] and oracle["checked"] == sum(p["cached"] is not None for p in pairs)
+    assert summary["ground_truth"]["contaminated"] == 0  # the plants leave fresh salts alone
+    slots = [p for p in pairs if p["family"] == "slot"]
+    assert slots and all(p["bound"] is not None for p in slots)
+    if fault is None:
+        assert code == 0, err[-2000:]
+        assert summary["verdict"] == "pass" and oracle["over_hits"] == 0
+        assert all(p["cached"] == p["bound"] for p in slots)  # token-granular: all it could
+        assert "PLANTED FAULT" not in log
+        return
+    assert f"PLANTED FAULT {fault}" in log
+    assert code == 1, err[-2000:]
+    assert summary["verdict"] == "fail" and summary["reason"].startswith("over-hit: ")
+    assert oracle["over_hits"] and all(e["cached"] > e["bound"] for e in oracle["examples"])
+    if fault == "match-overrun":  # one token past where each pair parts from the base
+        assert all(p["cached"] == p["bound"] + 1 for p in slots), slots
+        return
+    page = summary["server"]["block_size"]
+    assert page == PAGE_OVERRUN_SIZE  # the plant set SGLang's page size; the probe planned for it
+    # rounded up to the page they part in: over where they part inside one, not on its edge
+    assert all(p["cached"] == -(-p["bound"] // page) * page for p in slots), slots
+    assert {p["bound"] % page == 0 for p in slots} == {True, False}  # both cases were sent
+
+
+def test_page_overrun_sets_the_page_size_before_sglang_resolves_its_arguments():
+    class ServerArgs:  # SGLang's: resolved once, in the process that builds it
+        def __init__(self, page_size: int) -> None:
+            self.page_size, self.seen = page_size, None
+
+        def resolve_once(self) -> None:
+            if getattr(self, "_resolution_finished", False):
+                return
+            self.seen, self._resolution_finished = self.page_size, True
+
+    plugin._wrap_resolve(type("server_args", (), {"ServerArgs": ServerArgs}), {"page_size": 16})
+    fresh, resolved = ServerArgs(1), ServerArgs(1)
+    resolved._resolution_finished = True  # a spawned process's copy: left as it came
+    fresh.resolve_once()
+    resolved.resolve_once()
+    assert (fresh.seen, fresh.page_size) == (16, 16) and resolved.page_size == 1
 
 
 @pytest.mark.slow

