@@ -142,24 +142,24 @@ def _live_channels(s) -> str:
     """How a live run caught its fault, from what its judge counted: over-hit, answer, prompt
     logprobs, ground truth (isolated requests hit the cache), the isolation audit."""
     if getattr(s, "kind", "") == "isolation":
-        return "isolation audit" if s.verdict is Verdict.FAIL else "-"
+        return "isolation" if s.verdict is Verdict.FAIL else "-"
     over = ((getattr(s, "key_coverage", None) or {}).get("oracle") or {}).get("over_hits", 0)
     found = [("over-hit", over), ("answer", getattr(s, "corrupted_requests", 0)),
-             ("prompt logprobs", (getattr(s, "prompt_logprobs", None) or {}).get("mismatched", 0)),
+             ("logprobs", (getattr(s, "prompt_logprobs", None) or {}).get("mismatched", 0)),
              ("ground truth", (getattr(s, "ground_truth", None) or {}).get("contaminated", 0))]
-    return " + ".join(what for what, n in found if n) or "-"
+    return ",".join(what for what, n in found if n) or "-"
 
 
 def _audit_channels(section: dict) -> str:
-    """How the model-free audit caught its fault: corrupted read, invariant, salt hit, the
-    differential phase's over-hits, the epilogue's other phases."""
+    """How the model-free audit caught its fault: a corrupted read, an invariant, a hit across
+    salts, the differential phase's over-hits, the epilogue's other phases."""
     epilogue = section.get("epilogue") or {}
     over = (epilogue.get("differential") or {}).get("over_hits", 0)
-    found = [("corrupted read", section.get("corrupted_rounds")),
+    found = [("read", section.get("corrupted_rounds")),
              ("invariant", section.get("invariant_violations")),
-             ("salt hit", section.get("cross_tenant_hits")), ("over-hit", over),
+             ("salt", section.get("cross_tenant_hits")), ("over-hit", over),
              ("epilogue", len(epilogue.get("findings") or []) > (1 if over else 0))]
-    return " + ".join(what for what, n in found if n) or "-"
+    return ",".join(what for what, n in found if n) or "-"
 
 
 def detect(engine: str = "vllm", faults: list[str] | None = None, paths: list[str] = ("audit",),

@@ -84,7 +84,7 @@ def render_matrix(result) -> list:
     for col in ("fault", "path", "verdict", "expected", "caught by", "corrupted", "round", "to first",
                 "numerics", "s"):
         table.add_column(col, justify="left" if col in ("fault", "path", "verdict", "expected", "caught by")
-                         else "right", no_wrap=True)
+                         else "right", no_wrap=col != "caught by")
     for r in s.matrix:
         table.add_row(r["fault"], r["path"], r["verdict"].upper(), r["expected"], r.get("caught_by", "-"),
                       *(("-" if r[k] is None else str(r[k])) for k in

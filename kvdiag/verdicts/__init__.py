@@ -33,7 +33,7 @@ runs: regress, fleet, the detection matrix).
 """
 
 
-from kvdiag.verdicts.audits import ISOLATION_JUDGED, judge_audit, judge_isolation
+from kvdiag.verdicts.audits import ISOLATION_JUDGED, classify_leaks, judge_audit, judge_isolation
 from kvdiag.verdicts.core import Judgement, Verdict, judge_unmeasured
 from kvdiag.verdicts.live import (
     CACHED_TOKEN_FLAGS,
@@ -53,7 +53,7 @@ from kvdiag.verdicts.runs import (
 )
 
 __all__ = ["CACHED_TOKEN_FLAGS", "ISOLATION_JUDGED", "Judgement", "ProbeEvidence", "Verdict",
-           "caught_as_expected", "classify_divergence", "expected_detection", "judge_audit",
+           "caught_as_expected", "classify_divergence", "classify_leaks", "expected_detection", "judge_audit",
            "judge_fleet", "judge_gate", "judge_isolation", "judge_matrix", "judge_probe",
            "judge_reference", "judge_regress", "judge_series", "judge_unmeasured",
            "logprob_departed", "over_hit"]

@@ -32,6 +32,24 @@ def judge_audit(*, corrupted_rounds: list[int], invariant_violations: int, cross
 ISOLATION_JUDGED = ("per-tenant", "adapter")  # the configurations whose leaks fail the audit
 
 
+def classify_leaks(cells: list[dict], alpha: float, min_auc: float) -> list[dict]:
+    """Each analysed isolation cell (kvdiag.runners.live.isolation.analyse: raw cached-token
+    and TTFT statistics of correct and wrong guesses), marked in place:
+        hit           most correct guesses reused at least one block more than any wrong one
+                      (the positive control's test)
+        content_leak  any correct guess got more cached tokens than every wrong one did
+        timing_leak   TTFT told them apart: p below alpha over the configuration's number of
+                      lengths (Bonferroni) and max(AUC, 1 - AUC) >= min_auc
+        leaks         either"""
+    for c in cells:
+        bonferroni = alpha / sum(1 for d in cells if d["config"] == c["config"])
+        c["hit"] = c["cached_correct_median"] >= c["cached_wrong_max"] + c["block_size"]
+        c["content_leak"] = c["cached_correct_max"] > c["cached_wrong_max"]
+        c["timing_leak"] = c["p_value"] < bonferroni and max(c["auc"], 1 - c["auc"]) >= min_auc
+        c["leaks"] = c["content_leak"] or c["timing_leak"]
+    return cells
+
+
 def judge_isolation(cells: list[dict], lengths, error: str | None) -> Judgement:
     """The tenant-isolation audit over its analysed cells (each marked `leaks` by the runner):
     fail if a judged configuration leaks at any length; inconclusive if the positive control

@@ -11,7 +11,10 @@ detokenizer). The plant runs there, once per process, and logs one warning line
 "kvdiag: PLANTED FAULT <name> ... (pid N)", so no one mistakes a planted server for a
 healthy one. (SGLang's own plugin entry points would reach the same processes, but SGLang
 logs and swallows a plugin's exception, and an unknown fault must stop the server: here
-plant() raises out of load_plugins() and the server does not start.)
+plant() raises out of load_plugins() and the server does not start.) A fault that needs
+server arguments other than those sglang-local passes (page-overrun: 16-token pages) gets
+them the same way: register() also waits for `sglang.srt.server_args` and sets them before
+ServerArgs.resolve_once() reads them, in the process that builds the server's arguments.
 
 Only faults.py of kvdiag is imported: the SGLang venv holds kvdiag with --no-deps.
 Patched against sglang 0.5.23.

@@ -182,7 +182,12 @@ class Endpoint(ServerIdentity):
         return False, f"HTTP {r.status_code}: {r.text[:160]}"
 
     def reset_prefix_cache(self) -> bool:
+        """Empty the server's prefix cache: vLLM's POST /reset_prefix_cache (served with
+        VLLM_SERVER_DEV_MODE=1), else SGLang's POST /flush_cache; False when neither works
+        (or requests are in flight)."""
         r = self._sync("POST", "/reset_prefix_cache")
+        if r.status_code == 404:
+            r = self._sync("POST", "/flush_cache")
         return r.status_code == 200
 
     def cache_config(self) -> dict[str, str]:

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 from kvdiag.errors import EndpointError, KvdiagError
 from kvdiag.metrics.auc import bootstrap_ci, rank_test
 from kvdiag.runners.live.endpoint import Endpoint
+from kvdiag.verdicts import classify_leaks
 
 CONFIGS = ("no-salt", "per-tenant", "same-salt")
 LENGTH_BLOCKS = (1, 4, 16, 128)  # default prefix lengths, in blocks
@@ -263,10 +264,7 @@ def analyse(rows: list[dict], block_size: int) -> list[dict]:
             "config": config, "length": length, "trials": min(len(right), len(wrong)),
             "cached_correct_mean": statistics.fmean(cached_r), "cached_wrong_mean": statistics.fmean(cached_w),
             "cached_correct_max": max(cached_r), "cached_wrong_max": max(cached_w),
-            # a hit: most correct guesses reuse at least one block more than any wrong guess
-            "hit": statistics.median(cached_r) >= max(cached_w) + block_size,
-            # content leak: any correct guess got more cached tokens than every wrong guess did
-            "content_leak": max(cached_r) > max(cached_w),
+            "cached_correct_median": statistics.median(cached_r), "block_size": block_size,
             "ttft_correct_median_s": statistics.median(ttft_r),
             "ttft_wrong_median_s": statistics.median(ttft_w),
             "auc": test.auc, "auc_ci95": list(bootstrap_ci(ttft_r, ttft_w)),
@@ -276,11 +274,6 @@ def analyse(rows: list[dict], block_size: int) -> list[dict]:
 
 
 def mark_leaks(cells: list[dict], plan: IsolationPlan) -> list[dict]:
-    """Mark each cell's leaks: content (cached tokens) or timing (p below alpha / the
-    configuration's number of lengths, Bonferroni, and max(AUC, 1 - AUC) >= min_auc). The
-    verdict is kvdiag.verdicts.judge_isolation's."""
-    for c in cells:
-        alpha = plan.alpha / sum(1 for d in cells if d["config"] == c["config"])
-        c["timing_leak"] = c["p_value"] < alpha and max(c["auc"], 1 - c["auc"]) >= plan.min_auc
-        c["leaks"] = c["content_leak"] or c["timing_leak"]
-    return cells
+    """Each cell classified by kvdiag.verdicts.classify_leaks under the plan's alpha and
+    min_auc (hit, content_leak, timing_leak, leaks); the verdict is judge_isolation's."""
+    return classify_leaks(cells, plan.alpha, plan.min_auc)

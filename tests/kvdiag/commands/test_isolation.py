@@ -71,10 +71,10 @@ def test_bootstrap_interval_holds_the_auc_and_narrows_with_separation():
 
 
 # --- the verdict rules ----------------------------------------------------------------------
-def _cell(config, length, correct, wrong, auc=0.5, p=1.0, hit=None):
+def _cell(config, length, correct, wrong, auc=0.5, p=1.0):
     return {"config": config, "length": length, "trials": 8, "cached_correct_mean": correct,
             "cached_wrong_mean": wrong, "cached_correct_max": correct, "cached_wrong_max": wrong,
-            "hit": correct >= wrong + 16 if hit is None else hit, "content_leak": correct > wrong,
+            "cached_correct_median": correct, "block_size": 16,
             "ttft_correct_median_s": 0.1, "ttft_wrong_median_s": 0.1, "auc": auc,
             "auc_ci95": [auc - 0.2, min(1.0, auc + 0.2)], "p_value": p,
             "exact_p": True}

@@ -49,5 +49,9 @@ def test_probe_passes_real_vllm_serving_smollm2_in_natural_style(smollm2, tmp_pa
     shared = results[results["allocator"] == "shared"]
     assert summary["numerics_requests"] < len(shared) / 2, summary  # near-ties stay the exception
     assert summary["recycling"]["observed"], summary["recycling"]
+    # no false over-hit from the chat template or the tokenizer: every request's ids as the
+    # server counted them, and its cached tokens within what the requests before it allow
+    oracle = summary["key_coverage"]["oracle"]
+    assert oracle["available"] and oracle["unknown_ids"] == 0 and oracle["over_hits"] == 0, oracle
     assert summary["server"]["block_size"] == 32 and summary["server"]["version"]
     assert (tmp_path / "p" / "vllm.log").is_file()
