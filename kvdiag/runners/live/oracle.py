@@ -9,11 +9,13 @@ A prefix cache can serve request X only tokens that some request Y of the same n
 between. So, with LCP the longest common prefix of token ids,
 
     bound(X) = unit * floor(min(max_Y reach(X, Y), len(X) - last) / unit)
-    reach(X, Y) = len(Y) + out(Y) - 1  where X's prompt extends all of Y's: Y's generated
-                                       tokens, whose ids the client does not know, count as
-                                       matching, but the last one never had its K/V computed
-                                       (it is sampled, never fed back), so it cannot be cached
-                = LCP(X, Y)            otherwise
+    reach(X, Y) = len(Y) + out(Y)   where X's prompt extends all of Y's: Y's generated
+                                    tokens, whose ids the client does not know, count as
+                                    matching. The last of them is sampled, never fed back,
+                                    yet a healthy SGLang was measured reporting it cached
+                                    (len(Y) + out(Y), the stop token's position included),
+                                    so the bound keeps it
+                = LCP(X, Y)         otherwise
 
 `unit` is the server's block (vLLM) or 1 where unsure (SGLang's pages, a proxy): rounding
 down only tightens a bound, and a wrongly served block already reaches past the LCP, so 1
@@ -59,7 +61,7 @@ class Sent:
     sent: float
     done: float
     cached: int | None
-    out: int = 0  # tokens generated (their ids unknown; all but the last have K/V)
+    out: int = 0  # tokens generated, as usage.completion_tokens counts them (ids unknown)
 
 
 @dataclass
@@ -92,8 +94,7 @@ class _Trie:
                 common = _lcp(rest, tail)
                 best = max(best, depth * b + common)
                 if common == len(tail) and len(ids) > length:
-                    best = max(best, length + max(out - 1, 0))  # X extends Y: Y's
-                    # output may match too, all but its last token (never fed back)
+                    best = max(best, length + out)  # X extends Y: Y's output may match too
             child = node.children.get(rest) if len(rest) == b else None
             if child is not None and child.count >= 2:  # another request passes here too
                 node, depth = child, depth + 1

@@ -22,7 +22,7 @@ def _by_definition(reqs: list[Sent], rule: HitRule, resets: list[float]) -> dict
             n = 0
             while n < min(len(x.ids), len(y.ids)) and x.ids[n] == y.ids[n]:
                 n += 1
-            best = max(best, len(y.ids) + max(y.out - 1, 0) if n == len(y.ids) < len(x.ids) else n)
+            best = max(best, len(y.ids) + y.out if n == len(y.ids) < len(x.ids) else n)
         cap = len(x.ids) - rule.last_token_computed
         out[x.key] = max(0, min(best, cap)) // rule.unit * rule.unit
     return out
@@ -54,14 +54,14 @@ def test_the_bound_is_the_definition(case, rule, block):
     assert bounds(reqs, rule, resets, block=block) == _by_definition(reqs, rule, resets)
 
 
-def test_a_later_prompt_may_hit_all_but_the_last_generated_token():
-    """Y generated 5 tokens: a prompt that extends Y's may hit Y's prompt and 4 of them (the
-    5th was sampled, never fed back, so it has no K/V to cache), never the 5th."""
+def test_a_later_prompt_may_hit_what_an_earlier_request_generated():
+    """Y generated 5 tokens as its usage counts them: a prompt that extends Y's may hit Y's
+    prompt and those 5 (their ids are not known to the client), no further."""
     y = Sent("y", ("s",), tuple(range(10)), 0.0, 1.0, 0, out=5)
     x = Sent("x", ("s",), tuple(range(10)) + (50, 51, 52, 53, 54, 55, 56), 2.0, 3.0, 14)
-    assert bounds([y, x], HitRule(1, True))["x"] == 14
-    twin = Sent("t", ("s",), tuple(range(10)), 0.0, 1.0, 0, out=1)  # a one-token twin adds nothing
-    assert bounds([twin, x], HitRule(1, True))["x"] == 10
+    assert bounds([y, x], HitRule(1, True))["x"] == 15
+    other = Sent("o", ("s",), tuple(range(9)) + (77,), 0.0, 1.0, 0, out=5)  # parts before its end
+    assert bounds([other, x], HitRule(1, True))["x"] == 9
 
 
 def test_what_the_judge_reads():
