@@ -46,12 +46,12 @@ def _margin(shared: dict, isolated: dict | None) -> float | None:
     return math.nan if i is None else margin_at(isolated, shared["tokens"], i)
 
 
-def key_coverage(plan, store: RoundStore, pressure: list[int], server: ServerCache, engine: str,
-                 meta: dict, ids_known: bool, numerics_margin: float) -> dict:
+def key_coverage(plan, store: RoundStore, pressure: list[int], server: ServerCache,
+                 meta: dict, ids_known: bool) -> dict:
     """{"oracle": oracle.check's evidence, with `hits` (what, cached, bound, margin) per
     request; "differential": per pair (name, family, cached, bound, margin)}. The margin of a
     suite round is its shared answer's against the isolated run of the same round."""
-    rule = HitRule.for_server(engine, server.block_size, server.source)
+    rule = HitRule.for_server(server.block_size, server.source)
     judged = (P.SHARED, P.TWIN, P.PRESSURE, P.PLP, DIFF)
     sent = []
     for (phase, j, r), row in store.done.items():

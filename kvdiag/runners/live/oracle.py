@@ -45,7 +45,7 @@ class HitRule:
     last_token_computed: bool = True
 
     @classmethod
-    def for_server(cls, engine: str, block_size: int, source: str) -> HitRule:
+    def for_server(cls, block_size: int, source: str) -> HitRule:
         """vLLM's block where its own /metrics said it (cache_config_info); 1 elsewhere."""
         return cls(block_size if source == "cache_config_info" else 1, True)
 

@@ -110,8 +110,7 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
                    "twin_requests": sum(phase == P.TWIN for phase, _, _ in store.done),
                    "isolation": "cache_salt" if salted else "reset_prefix_cache",
                    "differential": settings.differential, "differential_only": settings.differential_only}
-    run.key_coverage = key_coverage(plan, store, pressure, server, who["engine"]["name"], meta,
-                                    ids_known, settings.numerics_margin)
+    run.key_coverage = key_coverage(plan, store, pressure, server, meta, ids_known)
     return run
 
 
