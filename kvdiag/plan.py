@@ -45,6 +45,7 @@ class CasePlan:
     prompts: list[list[list[int]]]  # [session][round] -> prompt token ids
     schedule: Schedule
     adapter: str | None = None  # a LoRA adapter that alternate rounds are sent under
+    user: dict | None = None  # a sessions file's plan: what was read, kept, skipped (kvdiag.userdata)
 
     def model_for(self, session: int, rnd: int) -> str | None:
         """The adapter round `rnd` (0-based) of session `session` names, or None (the base
@@ -154,6 +155,11 @@ def plan_case(suite: Suite, case: Case, tokenizer, block_size: int | None = None
     """`block_size`: the server's, where it differs from the suite's (the jump then lands on
     that block size's boundary: 4095 -> 4128 at 32); the plan's suite carries it. `spread`
     and `adapter`: see the module docstring."""
+    if suite.sessions:  # the user's own conversations instead of generated ones
+        from kvdiag.userdata.plan import plan_sessions_file
+
+        u = plan_sessions_file(suite, case, PieceEncoder.wrap(tokenizer), block_size)
+        return CasePlan(u.suite, u.case, u.sessions, u.prompts, u.schedule, adapter, user=u.user)
     if block_size and block_size != suite.block_size:
         suite = dataclasses.replace(suite, block_size=block_size)
     tokenizer = PieceEncoder.wrap(tokenizer)

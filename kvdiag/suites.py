@@ -71,6 +71,8 @@ class Suite:
     flavours: tuple[str, ...] = ("financial", "legal", "clinical")
     facts_per_session: Positive = 48
     cases: tuple[Case, ...] = ()
+    sessions: str | None = None  # a sessions file (kvdiag.userdata) replayed instead of generated
+    sessions_format: str | None = None  # openai or sharegpt; None: detected from the file
 
     def case(self, name: str) -> Case:
         for c in self.cases:
@@ -155,6 +157,10 @@ def load_suite(path: str | Path) -> Suite:
         cases.append(case)
     if len({c.name for c in cases}) != len(cases):
         raise SuiteError(f"{path}: cases: two cases share a name")
+    if top.get("sessions"):  # relative to the suite file; validated now, before any server starts
+        from kvdiag.userdata.formats import sessions_file
+
+        top["sessions"] = sessions_file(path, top["sessions"], top.get("sessions_format"))
     suite = Suite(path=path, cases=tuple(cases), **top)
     if suite.style not in STYLES:
         raise SuiteError(f"{path}: style: must be one of {', '.join(STYLES)}, got {suite.style!r}")

@@ -26,35 +26,11 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kvdiag.summary_rows import EventRow, Num, Opt, RegressBlock, RoundRow
 from kvdiag.verdicts import Verdict
 
 SCHEMA_VERSION = 3
-Num = int | float  # ints stay ints and floats floats, as the runs wrote them
-Opt = Num | None
 STAMP = ("wall_seconds", "command", "created", "schema_version", "kind", "environment")
-
-
-class RoundRow(BaseModel):
-    """One (case, target, allocator, round) of the per-round table (metrics.decay.per_round)."""
-
-    model_config = ConfigDict(extra="forbid")
-    case: str | None = None
-    target: str
-    allocator: str
-    round: int
-    sessions: int | None = None
-    bleu4: Opt = None
-    fact_check_pass_rate: Opt = None
-    attention_leakage: Opt = None
-    attention_leakage_max: Opt = None
-    block_reuse_rate: Opt = None
-    foreign_slots: int = 0
-    unwritten_slots: int = 0
-    guard_rejections: int = 0
-    nonfinite_logits: int = 0
-    preemptions: int = 0
-    diverged_sessions: int = 0
-    brai: Opt = None
 
 
 class Summary(BaseModel):
@@ -142,7 +118,7 @@ class ProbeSummary(Summary):
              "corrupted_requests", "numerics_requests", "noise_floor", "isolation",
              "server_prefix_cache", "server", "recycling", "first_divergences",
              "inconclusive_reason", "ground_truth", "divergence_by_request", "traffic",
-             "prompt_logprobs", "key_coverage", "target_spec")
+             "prompt_logprobs", "key_coverage", "target_spec", "events", "lifecycle", "topk")
     OMIT_NONE = frozenset({"first_divergences", "inconclusive_reason", "target_spec"})
     kind: Literal["probe"] = "probe"
     cases: list[str]
@@ -175,6 +151,19 @@ class ProbeSummary(Summary):
         default_factory=dict, description="the over-hit oracle (requests checked, over-hits and "
         "their examples) and the differential phase's pairs (kvdiag.runners.live.coverage)")
     target_spec: str | None = None
+    events: list[EventRow] = Field(
+        default_factory=list, description="the coverage table: one row per event of a block's "
+        "life, reached or not, with the server's evidence and the requests exposed "
+        "(kvdiag.runners.live.events)")
+    lifecycle: dict[str, Any] = Field(
+        default_factory=dict, description="the lifecycle phase: its requests, how it was sized from "
+        "the server, the groups it could not send and why, the events required and missing")
+    topk: dict[str, Any] = Field(
+        default_factory=dict, description="the second channel: the first tokens' top-k logprob "
+        "shifts against the isolated runs, their noise floor, the threshold and departures")
+    sessions_file: dict[str, Any] | None = Field(None, description="--sessions: the file, kept, "
+        "skipped (over the context), rounds, the fact check's pipeline (kvdiag.userdata)")
+    text: Literal["kept", "withheld"] = Field("kept", description="withheld: --no-text")
 
 
 class AuditSummary(Summary):
@@ -207,23 +196,6 @@ class IsolationSummary(Summary):
     isolation: dict[str, Any]
 
 
-class RegressBlock(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    run_id: str
-    target: str
-    verdict: Verdict
-    reason: str = ""
-    key: dict[str, Any]
-    key_id: str
-    tolerances: dict[str, Num]
-    measurement: dict[str, dict[str, Any]]
-    brai: dict[str, Opt]
-    baseline: dict[str, Any] | None
-    regressed: dict[str, list[int]]
-    ground_truth_failures: list[str]
-    failed_checks: list[dict[str, Any]]
-
-
 class RegressReferenceSummary(ReproduceSummary):
     """kvdiag regress on the reference engine (a fleet cell too): the reproduce run measured,
     its comparison with the baseline in `regress`."""
@@ -254,9 +226,19 @@ class MatrixSummary(Summary):
     matrix: list[dict[str, Any]]
 
 
+class CompareSummary(Summary):
+    """kvdiag compare: targets probed on the same sessions, each judged against its own isolated
+    twin; `rounds` holds each one's shared series (target: its spec), the verdict the worst."""
+
+    ORDER = ("signature", "suite", "verdict", "reason", "sessions_file", "targets", "rounds", "sqdr")
+    kind: Literal["compare"] = "compare"
+    sessions_file: str | None = None
+    targets: list[dict[str, Any]] = Field(description="per target: spec, verdict, reason, run_dir")
+
+
 KINDS: tuple[type[Summary], ...] = (ReproduceSummary, VerifySummary, ProbeSummary, AuditSummary,
                                     IsolationSummary, RegressReferenceSummary, RegressProbeSummary,
-                                    MatrixSummary)
+                                    MatrixSummary, CompareSummary)
 
 
 def json_schema() -> dict:

@@ -11,8 +11,22 @@ VLLM = "vllm"
 CLEAN_ALLOCATORS = ("prefix-cache", VLLM)
 # how a session's turns are written: the canary's fact lines, or English for real chat models
 STYLES = ("canary", "natural")
+# the events of a block's life the live probe drives on purpose and reports reached or not
+# (runners/live/lifecycle.py; docs/probe.md): each lifecycle fault lives at one of them
+EVENTS = {
+    "recycle": "a freed block that still holds a cached prefix is handed to a new request",
+    "early-free": "a request sharing blocks finishes while another still decodes on them",
+    "preemption": "the server preempts (vLLM) or retracts (SGLang) a running request and resumes it",
+    "cancel-prefill": "a client disconnects before its first token, then the same prefix is asked again",
+    "cancel-decode": "a client disconnects mid-decode, then the same prefix is asked again",
+    "chunked-prefill": "a prompt longer than the prefill chunk, and a same-prefix request arriving "
+                       "while it is still in prefill",
+    "backlog": "requests wait for admission while returning sessions ask for their cached prefixes",
+    "concurrent-prefill": "requests with one uncached prefix prefilled at the same time "
+                          "(SGLang frees the duplicate pages)",
+}
 # BRAI above this is an alert (verify --expect-guard, regress, the report, Prometheus rules)
 BRAI_MAX = 0.05
 
-__all__ = ["BRAI_MAX", "CLEAN_ALLOCATORS", "CONTIGUOUS", "GUARD_LOG_LINE",
+__all__ = ["BRAI_MAX", "CLEAN_ALLOCATORS", "CONTIGUOUS", "EVENTS", "GUARD_LOG_LINE",
            "PAGED_ATTENTION_LINE", "STYLES", "VLLM"]

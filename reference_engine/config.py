@@ -117,6 +117,10 @@ class EngineConfig:
     max_num_seqs: int = 32
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     max_num_batched_tokens: int = 8192  # prefill tokens per step (chunked prefill)
+    # vLLM's --long-prefill-token-threshold: at most this many of one request's prompt tokens
+    # per step (None: the whole budget), so a request arriving mid-prefill is admitted while
+    # the long prefill still has chunks to write
+    long_prefill_token_threshold: int | None = None
     enable_prefix_caching: bool = True
     allocator: str = "prefix-cache"
     device: str = "cpu"

@@ -120,7 +120,8 @@ class LLMEngine:
                                   num_kv_heads=mcfg.num_key_value_heads, head_dim=mcfg.head_dim,
                                   dtype=config.torch_dtype(), device=config.device)
         self.scheduler = Scheduler(self.allocator, max_num_seqs=config.max_num_seqs,
-                                   max_num_batched_tokens=config.max_num_batched_tokens)
+                                   max_num_batched_tokens=config.max_num_batched_tokens,
+                                   long_prefill_token_threshold=config.long_prefill_token_threshold)
         self.runner = ModelRunner(self.model, config.device)
         self.seq_states: dict[int, SeqState] = {}  # the backend's per-sequence state, by seq_id
         log.info(PAGED_ATTENTION_LINE.format(block_size=config.block_size))

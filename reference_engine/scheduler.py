@@ -36,10 +36,11 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, allocator: BlockAllocator, *, max_num_seqs: int,
-                 max_num_batched_tokens: int) -> None:
+                 max_num_batched_tokens: int, long_prefill_token_threshold: int | None = None) -> None:
         self.allocator = allocator
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.per_request = long_prefill_token_threshold or max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         # vLLM's counters: prefix-cache queries and hits in tokens, preemptions
@@ -59,7 +60,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget, self.per_request)
             if not self._reserve(seq, seq.num_computed_tokens + n, out):
                 continue  # seq itself was preempted; running[i] is now the next one
             out.scheduled.append(ScheduledSeq(seq, n))
@@ -83,7 +84,7 @@ class Scheduler:
                 seq.stats.blocks_hit = len(match.block_ids)
                 seq.stats.blocks_needed = cdiv(seq.num_prompt_tokens, self.allocator.block_size)
             seq.stats.blocks_allocated += len(out.new_blocks[-1].new_block_ids)
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget, self.per_request)
             out.scheduled.append(ScheduledSeq(seq, n))
             budget -= n
         return out

@@ -7,6 +7,7 @@ import typer
 
 from kvdiag.cli import (
     audit,
+    compare,
     detect,
     export,
     fixtures,
@@ -57,6 +58,7 @@ app.command("report")(report.report)
 app.command("generate")(generate.generate)
 app.command("serve")(serve.serve)
 app.command("probe")(probe.probe)
+app.command("compare")(compare.compare)
 app.command("audit-vllm")(audit.audit_vllm)
 app.command("isolation")(isolation.isolation)
 app.command("detect")(detect.detect)

@@ -13,10 +13,13 @@ from kvdiag.cli.common import (
     BlockSizeOpt,
     ConcurrencyOpt,
     JsonOpt,
+    NoTextOpt,
     OneCaseOpt,
     OutOpt,
     Output,
     ResumeOpt,
+    SessionsFormatOpt,
+    SessionsOpt,
     StyleOpt,
     SuiteOpt,
     TargetModelOpt,
@@ -77,6 +80,23 @@ def probe(
     differential_only: Annotated[bool, typer.Option("--differential-only", help="Only the differential "
                                                     "phase: a quick key-coverage check of a production "
                                                     "server (seconds; no recycling needed).")] = False,
+    lifecycle: Annotated[bool, typer.Option("--lifecycle/--no-lifecycle", help="Drive every event of a "
+                                            "block's life on purpose (preemption, cancellation mid-prefill "
+                                            "and mid-decode, chunked prefill, an admission backlog, "
+                                            "concurrent same-prefix prefills), sized from the server's "
+                                            "pool, each answer checked against its isolated twin.")] = True,
+    require: Annotated[str | None, typer.Option("--require", show_default=False, help="Events the run "
+                                                "must reach, comma-separated (recycle, early-free, "
+                                                "preemption, cancel-prefill, cancel-decode, "
+                                                "chunked-prefill, backlog, concurrent-prefill, or all): "
+                                                "a run that misses one is inconclusive (exit 2).")] = None,
+    prefill_chunk: Annotated[int | None, typer.Option("--prefill-chunk", min=1, show_default=False,
+                                                      help="The server's prefill chunk in tokens "
+                                                      "(vLLM's --max-num-batched-tokens) where it does "
+                                                      "not report it (SGLang does).")] = None,
+    sessions: SessionsOpt = None,
+    sessions_format: SessionsFormatOpt = "auto",
+    no_text: NoTextOpt = False,
     resume: ResumeOpt = None,
     out_dir: OutOpt = None,
     as_json: JsonOpt = False,
@@ -97,6 +117,7 @@ def probe(
 
     Example: kvdiag probe --target vllm-local:stale-hash --suite smoke
     """
+    from kvdiag.commands.probe import parse_events
     from kvdiag.commands.probe import probe as run
     from kvdiag.runners.live.phases import ProbeSettings
 
@@ -105,7 +126,9 @@ def probe(
                              floor_sessions=floor_sessions, numerics_margin=numerics_margin,
                              num_blocks=num_blocks, adapter=adapter, isolation=isolation,
                              twins=twins, spread=spread, differential=differential or differential_only,
-                             differential_only=differential_only)
+                             differential_only=differential_only, lifecycle=lifecycle,
+                             require=parse_events(require), prefill_chunk=prefill_chunk)
     out.finish(run(suite, case, style, base_url=base_url, target=target, model=model,
                    api_key=api_key, settings=settings, count_with=count_with, resume=resume,
-                   out_dir=out_dir, info=out.info, warn=out.warn, progress=out.progress))
+                   out_dir=out_dir, info=out.info, warn=out.warn, progress=out.progress,
+                   sessions=sessions, sessions_format=sessions_format, no_text=no_text))

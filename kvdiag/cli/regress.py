@@ -19,6 +19,8 @@ from kvdiag.cli.common import (
     JsonOpt,
     OutOpt,
     Output,
+    SessionsFormatOpt,
+    SessionsOpt,
     SuiteFilterOpt,
     SuiteOpt,
     TargetModelOpt,
@@ -54,6 +56,8 @@ def regress(
     concurrency: ConcurrencyOpt = 16,
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = None,
+    sessions: SessionsOpt = None,
+    sessions_format: SessionsFormatOpt = "auto",
     as_json: JsonOpt = False,
 ) -> None:
     """Run a suite against a target, compare every metric with the baseline of the same
@@ -79,7 +83,8 @@ def regress(
     opts = job.Options(suite=suite, target=target, model=model, cases=case, baseline=baseline,
                        history=history, junit=junit, out=out_dir,
                        tolerances=Tolerances().with_overrides(tolerance or []), device=device,
-                       dtype=dtype, api_key=api_key, flags=parse_flags(flag), concurrency=concurrency)
+                       dtype=dtype, api_key=api_key, flags=parse_flags(flag), concurrency=concurrency,
+                       sessions=sessions, sessions_format=sessions_format)
     enable_engine_log()
     try:
         out.finish(job.run(opts, info=out.info, warn=out.warn, progress=out.progress))

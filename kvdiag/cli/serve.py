@@ -29,6 +29,13 @@ def serve(
     num_blocks: Annotated[int | None, typer.Option("--num-blocks", min=1, help="KV blocks in the pool "
                                                    "(default: room for max-num-seqs full requests).")] = None,
     max_num_seqs: Annotated[int, typer.Option("--max-num-seqs", min=1, help="Requests batched at once.")] = 32,
+    max_num_batched_tokens: Annotated[int, typer.Option(
+        "--max-num-batched-tokens", min=16, help="Tokens computed per step; a longer prompt is "
+        "prefilled in chunks of this many (chunked prefill).")] = 8192,
+    long_prefill_token_threshold: Annotated[int | None, typer.Option(
+        "--long-prefill-token-threshold", min=1, show_default=False, help="At most this many of one "
+        "request's prompt tokens per step (as vLLM's), so other requests are admitted beside a "
+        "long prefill.")] = None,
     max_model_len: Annotated[int | None, typer.Option("--max-model-len", min=16, help="Longest "
                                                       "prompt + completion (default: 8704).")] = 8704,
     no_prefix_caching: Annotated[bool, typer.Option("--no-prefix-caching", help="Switch the prefix cache off.")] = False,
@@ -64,6 +71,8 @@ def serve(
 
     enable_engine_log()
     config = EngineConfig(allocator=allocator, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
+                          max_num_batched_tokens=max_num_batched_tokens,
+                          long_prefill_token_threshold=long_prefill_token_threshold,
                           max_model_len=max_model_len, enable_prefix_caching=not no_prefix_caching,
                           device=device, dtype=dtype, recycled_block_fill=recycled_block_fill)
     run_server(model, config, host=host, port=port, served_model_name=served_model_name,

@@ -70,6 +70,7 @@ def row(name: str, fault: Fault | None, path: str, verdict: Verdict, reason: str
     """One row of the matrix (results.parquet and summary.json's `matrix`)."""
     want = expected_detection(fault.live if fault else None, path)
     return {"fault": name, "path": path, "class": fault.fault_class if fault else "-",
+            "event": (fault.event or "lookup") if fault else "-",
             "reports": "; ".join(fault.reports) if fault else "",
             "verdict": verdict.value, "expected": want.value,
             "caught": caught_as_expected(verdict, want), "caught_by": facts.get("caught_by", "-"),
@@ -77,6 +78,17 @@ def row(name: str, fault: Fault | None, path: str, verdict: Verdict, reason: str
             "first_round": facts.get("first_round"), "requests_to_first": facts.get("requests_to_first"),
             "numerics": facts.get("numerics"), "seconds": round(seconds, 1),
             "run_dir": facts.get("run_dir"), "reason": reason}
+
+
+def unreachable(fault: Fault | None, path: str) -> dict | None:
+    """The row of a fault this path cannot reach here (inconclusive, the reason given, not
+    caught), or None."""
+    if fault is None or path not in fault.unreachable:
+        return None
+    from kvdiag.verdicts import judge_unreached
+
+    judged = judge_unreached(fault.unreachable[path])
+    return row(fault.name, fault, path, judged.verdict, judged.reason, 0.0)
 
 
 def audit_rows(names: list[str], faults: dict, trace, info: Callable[[str], None]) -> list[dict]:
@@ -87,6 +99,9 @@ def audit_rows(names: list[str], faults: dict, trace, info: Callable[[str], None
     for name in names:
         info(f"audit: {name}")
         t0 = time.perf_counter()
+        if (why := unreachable(faults.get(name.partition(":")[0]), "audit")) is not None:
+            out.append(why)
+            continue
         run = planted_audit(trace, None, None if name == HEALTHY else name, api=api)
         judged = judge(run)
         first = run.first_corruption()
@@ -105,6 +120,8 @@ def live_row(engine: str, name: str, fault: Fault | None, suite: str, case: str 
     from kvdiag.runners.live.isolation import IsolationPlan
     from kvdiag.runners.live.phases import ProbeSettings
 
+    if (why := unreachable(fault, "live")) is not None:
+        return why
     target = f"{engine}-local" + ("" if fault is None else f":{name}")
     mode = fault.live if fault else "probe"
     adapter = ADAPTER if fault is not None and fault.adapter else None
@@ -146,6 +163,7 @@ def _live_channels(s) -> str:
     over = ((getattr(s, "key_coverage", None) or {}).get("oracle") or {}).get("over_hits", 0)
     found = [("over-hit", over), ("answer", getattr(s, "corrupted_requests", 0)),
              ("logprobs", (getattr(s, "prompt_logprobs", None) or {}).get("mismatched", 0)),
+             ("top-k", (getattr(s, "topk", None) or {}).get("departed", 0)),
              ("ground truth", (getattr(s, "ground_truth", None) or {}).get("contaminated", 0))]
     return ",".join(what for what, n in found if n) or "-"
 

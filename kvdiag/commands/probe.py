@@ -11,16 +11,33 @@ A dead server leaves no directory behind (or keeps what was measured, to --resum
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
 from kvdiag.lifecycle import finish_run, no_progress
 from kvdiag.results import RunResult, Signature
-from kvdiag.runners.live.phases import ISOLATED, SHARED
+from kvdiag.runners.live.phases import ISOLATED, SHARED, ProbeSettings
 from kvdiag.runners.live.probe_run import ProbeRun
 from kvdiag.suites import Suite, load_cases
 from kvdiag.summary import ProbeSummary
 from kvdiag.verdicts import Judgement, ProbeEvidence, Verdict, judge_probe
+
+
+def parse_events(spec: str | None) -> tuple[str, ...]:
+    """--require's value: events of kvdiag.vocab.EVENTS, comma-separated, or `all`; an unknown
+    name is bad input (KvdiagError, exit 2)."""
+    from kvdiag.errors import KvdiagError
+    from kvdiag.vocab import EVENTS
+
+    names = [n.strip() for n in (spec or "").split(",") if n.strip()]
+    if names == ["all"]:
+        return tuple(EVENTS)
+    unknown = [n for n in names if n not in EVENTS]
+    if unknown:
+        raise KvdiagError(f"--require: unknown event {', '.join(map(repr, unknown))} (known: "
+                          f"{', '.join(EVENTS)}, or all)")
+    return tuple(names)
 
 
 def evidence(run: ProbeRun) -> ProbeEvidence:
@@ -32,6 +49,8 @@ def evidence(run: ProbeRun) -> ProbeEvidence:
     divergences = [(str(int(r)), float(m)) for r, m in zip(departed["round"], departed["divergence_margin"])]
     divergences += [("differential", p["margin"]) for p in pairs
                     if p["margin"] is not None and p["margin"] == p["margin"]]
+    life = run.lifecycle.get("requests", [])
+    divergences += [(f"lifecycle {q['group']}", q["margin"]) for q in life if q["margin"] == q["margin"]]
     oracle = run.key_coverage.get("oracle", {})
     return ProbeEvidence(
         divergences=divergences, floor_margins=run.noise_floor["margins"],
@@ -41,8 +60,10 @@ def evidence(run: ProbeRun) -> ProbeEvidence:
         pool=f"{pool} of {run.server.block_size} tokens, {len(run.pressure)} pressure sessions",
         hits=oracle.get("hits", []), oracle=oracle,
         logprob_departures=run.prompt_logprobs.get("departed", []),
-        answered=len(shared) + sum(p["margin"] is not None for p in pairs),
-        requires_recycling=not run.traffic.get("differential_only", False))
+        answered=len(shared) + sum(p["margin"] is not None for p in pairs) + len(life),
+        requires_recycling=not run.traffic.get("differential_only", False),
+        topk=[(w, d) for w, d in run.topk.get("distances", [])], topk_floor=run.topk.get("floor", []),
+        events=run.lifecycle.get("events", []), required=tuple(run.traffic.get("require", ())))
 
 
 def judge(run: ProbeRun) -> Judgement:
@@ -66,7 +87,9 @@ def summary_fields(run: ProbeRun, suite: Suite, verdict: Judgement, *, model_lab
         "signature": signature.format(), "suite": suite.name, "cases": [run.plan.case.name],
         "style": run.plan.style, "targets": [target], "model": run.model_label.split("@")[0],
         "verdict": verdict.verdict, "reason": verdict.reason,
-        "corruption_rounds": run.corruption_rounds, "corrupted_requests": run.count("corruption"),
+        "corruption_rounds": run.corruption_rounds,
+        # every request that departed decisively, any phase (differential, shared, lifecycle)
+        "corrupted_requests": verdict.details.get("corrupted", run.count("corruption")),
         "numerics_requests": run.count("numerics"), "noise_floor": run.noise_floor,
         "isolation": "cache_salt" if run.salted else "reset_prefix_cache",
         "server_prefix_cache": run.prefix_cache,
@@ -77,7 +100,22 @@ def summary_fields(run: ProbeRun, suite: Suite, verdict: Judgement, *, model_lab
         "inconclusive_reason": verdict.reason if verdict.verdict is Verdict.INCONCLUSIVE else None,
         "ground_truth": run.ground_truth, "divergence_by_request": run.by_request,
         "traffic": run.traffic, "prompt_logprobs": run.prompt_logprobs,
-        "key_coverage": _key_coverage(run, verdict), "target_spec": target_spec}
+        "key_coverage": _key_coverage(run, verdict), "target_spec": target_spec,
+        "sessions_file": getattr(run.plan, "user", None),  # --sessions (kvdiag.userdata)
+        "events": run.lifecycle.get("events", []), "lifecycle": _lifecycle(run, verdict),
+        "topk": {"positions": run.topk.get("positions"), "compared": len(run.topk.get("distances", [])),
+                 "floor": max(run.topk.get("floor", []), default=None),
+                 "threshold": verdict.details.get("topk_threshold"),
+                 "departed": verdict.details.get("topk_departed", 0),
+                 "largest": max((d for _, d in run.topk.get("distances", [])), default=None)}}
+
+
+def _lifecycle(run: ProbeRun, verdict: Judgement) -> dict:
+    """summary.json's lifecycle: the phase's sizing, what it skipped, and its requests' count."""
+    life = run.lifecycle
+    return {"requests": len(life.get("requests", [])), "sizing": life.get("sizing", {}),
+            "skipped": life.get("skipped", {}), "required": list(run.traffic.get("require", ())),
+            "missing": verdict.details.get("events_missing", [])}
 
 
 def _key_coverage(run: ProbeRun, verdict: Judgement) -> dict:
@@ -95,26 +133,36 @@ def probe(suite: str, case: str | None = None, style: str | None = None, *,
           api_key: str | None = None, settings=None, count_with: str = "tokenize",
           resume: Path | None = None, out_dir: Path | None = None,
           info: Callable[[str], None] = lambda _: None, warn: Callable[[str], None] = lambda _: None,
-          progress=no_progress) -> RunResult:
-    """kvdiag probe, start to finish."""
+          progress=no_progress, sessions: Path | None = None, sessions_format: str | None = None,
+          no_text: bool = False) -> RunResult:
+    """kvdiag probe, start to finish. `sessions`: a sessions file replayed instead of the
+    suite's generated sessions; `no_text`: no prompt or answer text in the run's files
+    (kvdiag.userdata)."""
     from kvdiag.engines.local import running
     from kvdiag.rundir import RunDir, Timer
     from kvdiag.runners.live.probe_run import run_probe
     from kvdiag.targets import endpoint_target
+    from kvdiag.userdata import command as userdata
 
     timer = Timer()
+    settings = settings or ProbeSettings()
     loaded, (chosen,) = load_cases(suite, case, style, one=True)
+    loaded = userdata.with_sessions(loaded, sessions, sessions_format)  # before any server starts
     spec = endpoint_target(base_url, target, model)
     run = RunDir.resume(resume) if resume is not None else RunDir.begin(out_dir, f"probe-{loaded.name}")
     adapter = getattr(settings, "adapter", None)
     with (run, running(spec, loaded, chosen, model, run.path, info, adapter) as served,
           progress(f"planning with {served.url}'s tokenizer") as update):
+        if served.prefill_chunk and settings.prefill_chunk is None:
+            settings = dataclasses.replace(settings, prefill_chunk=served.prefill_chunk)
         measured = run_probe(served.url, served.model, loaded, chosen, run.path, api_key=api_key,
                              settings=settings, resume=resume is not None, warn=warn,
                              count_with=count_with,
                              progress=lambda phase, done, total: update(description=phase,
                                                                         completed=done, total=total))
+    userdata.score(measured)  # the free-text fact check, before the summary reads it
     verdict = judge(measured)
     fields = summary_fields(measured, loaded, verdict, model_label=served.model_label,
                             target_spec=spec.spec if spec.is_local else None)
-    return finish_run(RunResult("probe", measured.frame, ProbeSummary(**fields)), run, timer)
+    frame, fields = userdata.finish(measured.frame, fields, run.path, no_text)
+    return finish_run(RunResult("probe", frame, ProbeSummary(**fields)), run, timer)

@@ -33,6 +33,8 @@ from kvdiag.results import RunResult
 from kvdiag.rundir import RunDir, check_writable
 from kvdiag.suites import load_cases
 from kvdiag.targets import Target, parse_target
+from kvdiag.userdata.command import score as score_sessions
+from kvdiag.userdata.command import sessions_digest, with_sessions
 
 
 @dataclass
@@ -54,6 +56,8 @@ class Options:
     live_url: str | None = None  # a local engine's server, once started (serving())
     model_label: str | None = None  # its model directory's digest
     attach: list[Path] = field(default_factory=list)  # files copied into the run (server log)
+    sessions: Path | None = None  # a sessions file replayed instead of the suite's (kvdiag.userdata)
+    sessions_format: str | None = None
 
 
 @dataclass
@@ -106,6 +110,7 @@ def serving(opts: Options, info: Callable[[str], None] = lambda _: None) -> Iter
     from kvdiag.engines.local import LOGS, running
 
     suite, (case,) = load_cases(opts.suite, opts.cases, one=True)
+    suite = with_sessions(suite, opts.sessions, opts.sessions_format)
     logs = Path(tempfile.mkdtemp(prefix=f"kvdiag-{target.engine}-"))
     with running(target, suite, case, opts.model, logs, info) as served:
         yield dataclasses.replace(opts, live_url=served.url, model=served.model, cases=case.name,
@@ -117,7 +122,13 @@ def prepare(opts: Options) -> Prepared:
     from kvdiag.paths import CANARY
 
     suite, cases = load_cases(opts.suite, opts.cases)
+    suite = with_sessions(suite, opts.sessions, opts.sessions_format)
     target = parse_target(opts.target)
+    if suite.sessions:  # the file's contents, not only its name, key the baseline
+        if target.is_reference:
+            raise KvdiagError(f"--target {target.spec}: a sessions file is replayed against a live "
+                              "server (a URL, vllm-local, sglang-local)")
+        opts = dataclasses.replace(opts, flags=opts.flags | {"sessions": sessions_digest(suite.sessions)})
     if target.is_local:
         if not opts.live_url:
             raise KvdiagError(f"--target {target.spec}: its server is not running (start it with "
@@ -163,10 +174,12 @@ def measure(p: Prepared, opts: Options, run_dir: Path, progress: Callable[..., N
     from kvdiag.runners.live.phases import ProbeSettings
     from kvdiag.runners.live.probe_run import run_probe
 
-    return run_probe(p.target.url, opts.model, p.suite, p.cases[0], run_dir, api_key=opts.api_key,
-                     settings=ProbeSettings(concurrency=opts.concurrency),
-                     progress=lambda phase, done, total: progress(description=phase, completed=done,
-                                                                   total=total))
+    measured = run_probe(p.target.url, opts.model, p.suite, p.cases[0], run_dir, api_key=opts.api_key,
+                         settings=ProbeSettings(concurrency=opts.concurrency),
+                         progress=lambda phase, done, total: progress(description=phase,
+                                                                       completed=done, total=total))
+    score_sessions(measured)  # a sessions file's free-text fact check (kvdiag.userdata)
+    return measured
 
 
 def reset_cache(p: Prepared, opts: Options) -> bool:

@@ -153,4 +153,14 @@ def _history_row(p, run_id: str, summary, main: str, run_brai, run_verdict: Verd
             "block_reuse_rate": m["block_reuse_rate"], "attention_leakage": m["attention_leakage"],
             "divergence_ratio": m["divergence_ratio"], "wall_seconds": summary.wall_seconds,
             "run_dir": str(p.run.final.resolve()), "command": summary.command,
-            "kvdiag_version": __version__, "reason": reg.reason}
+            "kvdiag_version": __version__, "reason": reg.reason, "events": _events(summary)}
+
+
+def _events(summary) -> str | None:
+    """A live run's coverage beside its verdict: the events its probe reached and missed."""
+    rows = getattr(summary, "events", None)
+    if not rows:
+        return None
+    rows = [r if isinstance(r, dict) else r.model_dump() for r in rows]
+    return json.dumps({"reached": [r["event"] for r in rows if r["reached"]],
+                       "missing": [r["event"] for r in rows if not r["reached"]]})

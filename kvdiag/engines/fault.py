@@ -47,6 +47,12 @@ class Fault:
     traffic: str  # what a run must send for the fault to act
     live: str = "probe"  # from LIVE: how the detection matrix runs it live
     server_env: dict[str, str] = field(default_factory=dict)  # what the engine must run with
+    # the event of a block's life it lives at (kvdiag.vocab.EVENTS), or None: a key-coverage
+    # or isolation fault, which lives at the lookup
+    event: str | None = None
+    # path of the detection matrix (audit, live) -> why the fault cannot be reached there on
+    # these machines; such a row is shown inconclusive with the reason, never counted as caught
+    unreachable: dict[str, str] = field(default_factory=dict)
 
     @property
     def adapter(self) -> bool:

@@ -35,6 +35,7 @@ class Served:
     url: str
     model: str | None
     model_label: str | None = None
+    prefill_chunk: int | None = None  # the prefill chunk kvdiag started it with (vLLM does not report it)
 
 
 def launcher(engine: str):
@@ -130,4 +131,4 @@ def live(target: Target, suite, case, model_dir: Path, log_dir: Path,
     cls = launcher(target.engine)
     with cls(model_dir, fault=target.fault, log_path=Path(log_dir) / LOGS[target.engine], **kw) as server:
         yield Served(dataclasses.replace(target, url=server.base_url), server.base_url,
-                     server.served_model, model_label(model_dir))
+                     server.served_model, model_label(model_dir), getattr(server, "prefill_chunk", None))

@@ -21,6 +21,11 @@ from kvdiag.errors import KvdiagError
 
 OFFLINE = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
+# the prefill chunk kvdiag starts a local engine with (vLLM's --max-num-batched-tokens, SGLang's
+# --chunked-prefill-size): shorter than the smoke suite's prompts, so the probe's chunked-prefill
+# traffic reaches a prefill that takes several steps
+PREFILL_CHUNK = 512
+
 
 def find_engine_python(module: str, env_var: str, venv_names: tuple[str, ...], make_target: str,
                        name: str) -> str:

@@ -49,6 +49,7 @@ class Outcome:
     run_id: str | None = None
     seconds: float | None = None
     resumed: bool = False  # finished by an earlier driver
+    events: str | None = None  # a live cell's coverage beside its verdict: "7/8 events (no X)"
 
 
 def run_fleet(fleet: Fleet, run_dir: Path, *, resume: bool = False, ray_address: str | None = None,
@@ -146,7 +147,8 @@ def _from_summary(fleet: Fleet, cell: Cell, run_dir: Path) -> Outcome:
     t, reg = fleet.by_name[cell.target], summary.get("regress", {})
     return Outcome(cell.id, t.name, t.spec, cell.suite_name, cell.case,
                    Verdict.parse(reg.get("verdict")).value.upper(), worst_metric(summary),
-                   str(run_dir), reg.get("run_id"), summary.get("wall_seconds"))
+                   str(run_dir), reg.get("run_id"), summary.get("wall_seconds"),
+                   events=coverage_of(summary))
 
 
 def _free(path: Path) -> Path:
@@ -251,7 +253,17 @@ def _record(fleet: Fleet, cell: Cell, p, opts, ref) -> Outcome:
     t = fleet.by_name[cell.target]
     return Outcome(cell.id, t.name, t.spec, cell.suite_name, cell.case,
                    res.verdict.value.upper(), worst_metric(res.summary.as_dict()),
-                   str(res.run_dir), res.extra["run_id"], round(got["seconds"], 2))
+                   str(res.run_dir), res.extra["run_id"], round(got["seconds"], 2),
+                   events=coverage_of(res.summary.as_dict()))
+
+
+def coverage_of(summary: dict) -> str | None:
+    """A live cell's lifecycle coverage in a few words; None for an in-process cell."""
+    rows = summary.get("events") or []
+    if not rows:
+        return None
+    missed = [r["event"] for r in rows if not r["reached"]]
+    return f"{len(rows) - len(missed)}/{len(rows)} events" + (f" (not: {', '.join(missed)})" if missed else "")
 
 
 def worst_metric(summary: dict) -> str:

@@ -80,7 +80,8 @@ def render(run_dir: Path) -> str:
             link = (f' <a href="{esc(cid)}/report.html">report</a>'
                     if o.get("run_dir") and (run_dir / cid / "report.html").is_file() else "")
             tds.append(f'<td style="background:{COLORS.get(o["status"], "#eeeeee")}"><b>{o["status"]}</b>{link}'
-                       f'<br><small>{esc(o.get("worst") or "")}</small></td>')
+                       f'<br><small>{esc(o.get("worst") or "")}</small>'
+                       + (f'<br><small>{esc(o["events"])}</small>' if o.get("events") else "") + '</td>')
         past = trend(Path(plan["history"]), t["spec"])
         rows.append(f"<tr><th>{esc(t['name'])}<br><small>{esc(t['spec'])}</small></th>{''.join(tds)}"
                     f"<td>{_svg(past)}</td></tr>")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from kvdiag.errors import KvdiagError
 
-SCHEMA = 4
+SCHEMA = 5
 DEFAULT_PATH = Path("reports/history.sqlite")
 # Test hook, for tests/kvdiag/commands/test_regress.py only: when set to a file path, append() creates
 # that file inside its open transaction and sleeps, so a test can SIGKILL the process mid-write.
@@ -36,7 +36,7 @@ CREATE TABLE runs (
   baseline_key_id TEXT, signature TEXT, verdict TEXT NOT NULL, run_verdict TEXT,
   main_case TEXT, sqdr REAL, brai REAL, block_reuse_rate REAL, attention_leakage REAL,
   divergence_ratio REAL, wall_seconds REAL, run_dir TEXT, command TEXT, kvdiag_version TEXT,
-  reason TEXT);
+  reason TEXT, events TEXT);
 CREATE INDEX runs_suite_created ON runs (suite, created);
 CREATE TABLE rounds (
   run_id TEXT NOT NULL REFERENCES runs (run_id), case_name TEXT NOT NULL, round INTEGER NOT NULL,
@@ -60,13 +60,14 @@ RUN_COLUMNS = ("run_id", "created", "suite", "target", "series", "engine", "engi
                "model", "key_id", "key_json", "baseline_key_id", "signature", "verdict",
                "run_verdict", "main_case", "sqdr", "brai", "block_reuse_rate",
                "attention_leakage", "divergence_ratio", "wall_seconds", "run_dir", "command",
-               "kvdiag_version", "reason")
+               "kvdiag_version", "reason", "events")
 ROUND_COLUMNS = ("fact_check_pass_rate", "bleu4", "block_reuse_rate", "brai", "attention_leakage",
                  "divergence_ratio", "foreign_slots", "unwritten_slots", "nonfinite_logits")
 MIGRATIONS: dict[int, str] = {  # from version N to N + 1; older rows keep their verdicts
     1: _DDL[_DDL.index("CREATE TABLE isolation"):_DDL.index("CREATE TABLE baselines")],
     2: "ALTER TABLE runs ADD COLUMN reason TEXT",
     3: _DDL[_DDL.index("CREATE TABLE baselines"):],
+    4: "ALTER TABLE runs ADD COLUMN events TEXT",  # a live run's coverage: events reached, missing
 }
 ISOLATION_COLUMNS = ("run_id", "created", "target", "model", "verdict", "config", "length", "auc",
                      "p_value", "cached_correct", "cached_wrong", "leaks", "run_dir")

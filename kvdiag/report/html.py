@@ -32,7 +32,10 @@ _PAGE = """<!DOCTYPE html>
 <dt>signature</dt><dd><code>{{ signature }}</code></dd>
 <dt>created</dt><dd>{{ created }}</dd><dt>wall time</dt><dd>{{ wall }}</dd>
 <dt>BLEU</dt><dd><code>{{ bleu_signature }}</code></dd>
+{% if sessions_note %}<dt>sessions</dt><dd id="sessions-file">{{ sessions_note }}</dd>{% endif %}
 </dl>
+{% if withheld %}<p class="note" id="text-withheld">Text withheld (--no-text): this run's files
+hold token counts, metrics and hashes, and no prompt or answer text.</p>{% endif %}
 {% if environment %}<details id="environment"><summary>Environment</summary>
 <dl class="meta">{% for key, value in environment %}<dt>{{ key }}</dt><dd>{{ value }}</dd>
 {% endfor %}</dl></details>{% endif %}
@@ -52,6 +55,11 @@ block reuse panel leaves it out. Hover over a point for its value.</figcaption><
 {% for case, svg in other_decay %}<section id="decay-{{ case }}"><h2>Decay per round · case {{ case }}</h2>
 <figure class="plot">{{ svg }}<figcaption>Drawn because a series departs from the reference in
 this case too; the same encoding as above.</figcaption></figure></section>{% endfor %}
+{% if events_table %}<section id="events"><h2>Lifecycle coverage</h2>
+<p class="note">The events of a block's life this probe drove, whether each was reached, the
+server's own evidence (else what the traffic observed), and the requests exposed to it. A PASS
+covers only the events reached.</p>
+{{ events_table }}</section>{% endif %}
 <section id="alerts"><h2>SQDR and BRAI · case {{ main_case }}</h2>
 <p class="note">SQDR = (pass rate at round 1 − pass rate at round n) / n: healthy ≤ 0.005,
 alert &gt; 0.01. BRAI = |block reuse rate − the guarded baseline's|: alert &gt; 0.05.</p>
@@ -116,6 +124,8 @@ def render_report(results: DataFrame, summary: dict, history: DataFrame | None =
     df = results.copy()
     df["series"] = [series_name(t, a) for t, a in zip(df["target"], df["allocator"])]
     table = per_round(df)
+    if summary.get("text") == "withheld":  # texts are hashes now: BLEU-4 as it was measured
+        table = _measured_bleu(table, summary)
     table["series"] = [series_name(t, a) for t, a in zip(table["target"], table["allocator"])]
     computed = summarize(df)
     by_case = {**computed["by_case"], **summary.get("by_case", {})}
@@ -138,6 +148,7 @@ def render_report(results: DataFrame, summary: dict, history: DataFrame | None =
         wall=_seconds(summary.get("wall_seconds")),
         bleu_signature=summary.get("bleu_signature", computed["bleu_signature"]),
         command=rerun_command(summary.get("command")) or "(not recorded in summary.json)",
+        withheld=summary.get("text") == "withheld", sessions_note=_sessions_note(summary),
         decay_svg=Markup(plots.decay_curves(
             main_table, departure_rounds(main_table),
             f"Per-round quality · suite {summary.get('suite', '?')} · case {main}")),
@@ -152,10 +163,32 @@ def render_report(results: DataFrame, summary: dict, history: DataFrame | None =
         ablation_table=Markup(tables.to_html(tables.ablation_table(df, by_case), "ablations"))
         if len(cases) > 1 else None,  # one case: nothing was ablated
         rounds_table=Markup(tables.to_html(tables.rounds_table(main_table), "rounds")),
+        events_table=Markup(tables.to_html(tables.events_table(summary["events"]), "events"))
+        if summary.get("events") else None,
         trend=Markup(plots.trend(history)) if history is not None and len(history) else None,
         history_table=Markup(tables.to_html(tables.history_table(history), "history"))
         if history is not None and len(history) else "",
     )
+
+
+def _measured_bleu(table: DataFrame, summary: dict) -> DataFrame:
+    """The per-round table with summary.json's BLEU-4 (computed before the text was withheld)."""
+    keys = ("case", "target", "allocator", "round")
+    measured = {tuple(r.get(k) for k in keys): r.get("bleu4") for r in summary.get("rounds", [])}
+    table = table.copy()
+    table["bleu4"] = [measured.get(tuple(row[k] for k in keys), math.nan)
+                      for row in table.to_dict("records")]
+    return table
+
+
+def _sessions_note(summary: dict) -> str | None:
+    """One line on the sessions file a probe replayed (kvdiag.userdata), or None."""
+    f = summary.get("sessions_file")
+    if not f:
+        return None
+    check = (f.get("fact_check") or {}).get("pipeline", "?")
+    return (f"{f['file']} ({f['format']}): {f['sessions']} conversations x {f['rounds']} rounds, "
+            f"{f['skipped_too_long']} skipped as longer than the server's context; fact check: {check}")
 
 
 def _other_departures(table: DataFrame, cases: list[str], main: str):

@@ -9,7 +9,7 @@ from html import escape
 from kvdiag.report.style import CSS
 from kvdiag.verdicts import Verdict
 
-COLUMNS = (("fault", "fault"), ("path", "path"), ("class", "class"), ("verdict", "verdict"),
+COLUMNS = (("fault", "fault"), ("path", "path"), ("class", "class"), ("event", "event"), ("verdict", "verdict"),
            ("expected", "expected"), ("caught_by", "caught by"), ("corrupted", "corrupted"),
            ("first_round", "first round"),
            ("requests_to_first", "requests to first"), ("numerics", "numerics"),

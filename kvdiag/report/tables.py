@@ -91,6 +91,14 @@ def rounds_table(table: DataFrame) -> DataFrame:
     return wide.reset_index()
 
 
+def events_table(events: list[dict]) -> DataFrame:
+    """A probe's coverage table: one row per event of a block's life."""
+    import pandas as pd
+
+    return pd.DataFrame([{"event": r["event"], "reached": "yes" if r["reached"] else "NO",
+                          "requests": r["requests"], "evidence": r["evidence"]} for r in events])
+
+
 def history_table(history: DataFrame, last: int = 20) -> DataFrame:
     keep = [c for c in ("created", "run_id", "suite", "target", "sqdr", "brai", "verdict")
             if c in history.columns]

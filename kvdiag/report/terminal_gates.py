@@ -81,12 +81,13 @@ def render_matrix(result) -> list:
     table = compact_table(f"detection matrix · {s.engine} · suite {s.suite}",
                           "to first: requests sent until the first detection (a corrupted request "
                           "or an over-hit); - where none was or the path measures none")
-    for col in ("fault", "path", "verdict", "expected", "caught by", "corrupted", "round", "to first",
-                "numerics", "s"):
-        table.add_column(col, justify="left" if col in ("fault", "path", "verdict", "expected", "caught by")
-                         else "right", no_wrap=col != "caught by")
+    for col in ("fault", "path", "event", "verdict", "expected", "caught by", "corrupted", "round",
+                "to first", "numerics", "s"):
+        table.add_column(col, justify="left" if col in ("fault", "path", "event", "verdict", "expected",
+                                                        "caught by") else "right", no_wrap=col != "caught by")
     for r in s.matrix:
-        table.add_row(r["fault"], r["path"], r["verdict"].upper(), r["expected"], r.get("caught_by", "-"),
+        table.add_row(r["fault"], r["path"], r.get("event", "-"), r["verdict"].upper(), r["expected"],
+                      r.get("caught_by", "-"),
                       *(("-" if r[k] is None else str(r[k])) for k in
                         ("corrupted", "first_round", "requests_to_first", "numerics", "seconds")),
                       style=None if r["caught"] else "red")

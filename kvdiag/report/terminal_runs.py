@@ -97,6 +97,7 @@ def render_probe(result) -> list:
                      f"reported cached tokens (must be 0), {truth.get('unchecked', 0)} reported no "
                      "count (must be 0)")
     lines += _key_coverage_lines(s.get("key_coverage") or {})
+    lines += _event_lines(s.get("events") or [], s.get("topk") or {})
     what = ""
     if result.verdict is Verdict.FAIL and not s["corrupted_requests"]:
         what = s["reason"]
@@ -104,12 +105,34 @@ def render_probe(result) -> list:
         what = (f"corruption in rounds {s['corruption_rounds']} ({s['corrupted_requests']} requests; "
                 f"{s['numerics_requests']} numerics)")
         first = (s.get("first_divergences") or [None])[0]
-        if first:
+        if first and s.get("text") == "withheld":  # --no-text: no token quoted
+            what += f"; first divergent token: round {first['round']} {first['session']}"
+        elif first:
             what += (f"; first divergent token: round {first['round']} {first['session']}: "
                      f"{first['shared_token']!r} instead of {first['isolated_token']!r}")
     elif result.verdict is Verdict.PASS:
         what = f"no divergence beyond the noise floor ({s['numerics_requests']} numerics)"
     return lines + [headline(result, what), *footer(result)]
+
+
+def _event_lines(events: list[dict], topk: dict) -> list:
+    """The coverage table (one row per event of a block's life) and the second channel."""
+    out: list = []
+    if events:
+        table = compact_table("lifecycle coverage: the events this run reached")
+        for col, justify in (("event", "left"), ("reached", "left"), ("requests", "right"),
+                             ("evidence", "left")):
+            table.add_column(col, justify=justify)
+        for r in events:
+            table.add_row(r["event"], "yes" if r["reached"] else "NO", str(r["requests"]), r["evidence"],
+                          style=None if r["reached"] else "yellow")
+        out.append(table)
+    if topk.get("compared"):
+        out.append(f"top-k logprobs (first {topk['positions']} tokens): {topk['compared']} requests "
+                   f"compared, largest shift {fmt(topk.get('largest'), '.3f')} nats, floor "
+                   f"{fmt(topk.get('floor'), '.3f')}, threshold {fmt(topk.get('threshold'), '.2f')}, "
+                   f"{topk.get('departed', 0)} beyond it")
+    return out
 
 
 def _key_coverage_lines(kc: dict) -> list[str]:

@@ -24,6 +24,7 @@ The judges, by kind of run (each returns a Judgement: the verdict and one senten
     judge_isolation   the tenant-isolation audit: judged configurations vs the control
     judge_regress     a run against its baseline, never better than its own ground truth
     judge_fleet       every cell of a fleet
+    judge_compare     targets on the same sessions (kvdiag compare): the worst of theirs
     judge_matrix      the detection matrix: healthy passes, every planted fault is caught
 
 One module per kind of evidence: core.py (Verdict, Judgement), reference.py (in-process
@@ -47,13 +48,15 @@ from kvdiag.verdicts.reference import judge_gate, judge_reference, judge_series
 from kvdiag.verdicts.runs import (
     caught_as_expected,
     expected_detection,
+    judge_compare,
     judge_fleet,
     judge_matrix,
     judge_regress,
+    judge_unreached,
 )
 
 __all__ = ["CACHED_TOKEN_FLAGS", "ISOLATION_JUDGED", "Judgement", "ProbeEvidence", "Verdict",
            "caught_as_expected", "classify_divergence", "classify_leaks", "expected_detection", "judge_audit",
-           "judge_fleet", "judge_gate", "judge_isolation", "judge_matrix", "judge_probe",
+           "judge_compare", "judge_fleet", "judge_gate", "judge_isolation", "judge_matrix", "judge_probe", "judge_unreached",
            "judge_reference", "judge_regress", "judge_series", "judge_unmeasured",
            "logprob_departed", "over_hit"]

@@ -29,6 +29,17 @@ def logprob_departed(same_token: bool, difference: float, numerics_margin: float
     return not same_token or difference > numerics_margin
 
 
+# The second channel: a shift of the first tokens' top-k logprobs, shared against isolated, is
+# a departure when it exceeds both TOPK_MIN nats and TOPK_FACTOR times the largest shift
+# between repeated isolated runs (the floor). Healthy figures: docs/probe.md.
+TOPK_MIN, TOPK_FACTOR = 0.5, 4.0  # 0.1 flagged a healthy vLLM on SmolLM2 (0.12 nats)
+
+
+def topk_threshold(floor: list[float]) -> float:
+    """The least top-k shift that is evidence, given the floor's shifts."""
+    return max(TOPK_MIN, TOPK_FACTOR * max(floor, default=0.0))
+
+
 def over_hit(cached: int | None, bound: int | None) -> bool:
     """A request whose server-reported cached tokens exceed the most any earlier request of its
     namespace could have cached for it (kvdiag.runners.live.oracle): the cache served a block
@@ -67,6 +78,17 @@ class ProbeEvidence:
     logprob_departures: list[int] = field(default_factory=list)
     answered: int = 0  # shared requests compared with their isolated twins
     requires_recycling: bool = True
+    topk: list[tuple[str, float]] = field(default_factory=list)  # (what, shift) per request
+    topk_floor: list[float] = field(default_factory=list)  # shifts between isolated repeats
+    events: list[dict] = field(default_factory=list)  # the coverage table's rows
+    required: tuple[str, ...] = ()  # events the run must reach
+
+
+def _where(labels: list[str]) -> str:
+    """'rounds 2, 5; lifecycle flood, differential': numbered rounds first, in order."""
+    rounds = sorted({int(x) for x in labels if x.isdigit()})
+    other = sorted({x for x in labels if not x.isdigit()})
+    return "; ".join(([f"rounds {', '.join(map(str, rounds))}"] if rounds else []) + other)
 
 
 def _plural(n: int, word: str) -> str:
@@ -91,9 +113,13 @@ def judge_probe(e: ProbeEvidence) -> Judgement:
     corrupt = [r for r, m in e.divergences if decisive(m)]
     unstable = [m for m in e.floor_margins if decisive(m)]
     over = [h for h in e.hits if over_hit(h["cached"], h["bound"])]
+    limit = topk_threshold(e.topk_floor)
+    shifted = [(what, d) for what, d in e.topk if d > limit]
     details = {"corrupted": len(corrupt), "numerics": len(e.divergences) - len(corrupt),
                "unstable_floor": len(unstable), "over_hits": len(over),
-               "over_hit_examples": over[:10], "logprob_mismatches": len(e.logprob_departures)}
+               "over_hit_examples": over[:10], "logprob_mismatches": len(e.logprob_departures),
+               "topk_threshold": limit, "topk_departed": len(shifted),
+               "events_missing": [r["event"] for r in e.events if not r["reached"]]}
     also = []
     if e.contaminated:
         also.append(f"{e.contaminated} of {e.isolated} isolated requests hit the cache")
@@ -104,7 +130,7 @@ def judge_probe(e: ProbeEvidence) -> Judgement:
     if corrupt:
         findings.append(f"{_plural(len(corrupt), 'request')} answered from the shared prefix cache "
                         f"departed decisively (by a margin above {e.numerics_margin:g} nats) from the "
-                        f"cache-isolated run (rounds {', '.join(map(str, sorted(set(corrupt))))})")
+                        f"cache-isolated run ({_where(corrupt)})")
     if over:
         first, compared = over[0], [h for h in over if h["margin"] is not None]
         departed = sum(decisive(h["margin"]) for h in compared)
@@ -120,6 +146,11 @@ def judge_probe(e: ProbeEvidence) -> Judgement:
                         "from the cache-isolated run's (rounds "
                         f"{', '.join(map(str, sorted(set(e.logprob_departures))))}): positions served "
                         "from the cache")
+    if shifted:
+        what, worst = max(shifted, key=lambda x: x[1])
+        findings.append(f"{_plural(len(shifted), 'request')}' first-token distributions moved from "
+                        f"the cache-isolated run's by more than {limit:.2f} nats (the noise floor's "
+                        f"bound; worst {worst:.2f}, {what})")
     if findings:
         return Judgement(Verdict.FAIL, "; ".join(findings) + tail, details)
     if e.contaminated:
@@ -140,6 +171,11 @@ def judge_probe(e: ProbeEvidence) -> Judgement:
     if e.requires_recycling and not e.recycling["observed"]:
         return Judgement(Verdict.INCONCLUSIVE, f"trigger not reached: no recycling observed "
                          f"({e.recycling['how']}; server pool {e.pool})", details)
+    missing = [r for r in e.events if r["event"] in e.required and not r["reached"]]
+    unknown = sorted(set(e.required) - {r["event"] for r in e.events})
+    if missing or unknown:
+        why = [f"{r['event']} ({r['evidence']})" for r in missing] + [f"{u} (not measured)" for u in unknown]
+        return Judgement(Verdict.INCONCLUSIVE, f"required events not reached: {'; '.join(why)}", details)
     oracle = (f"{e.oracle['checked']} requests' cached tokens within the over-hit bound"
               if e.oracle.get("available") else "over-hit oracle unavailable")
     recycled = (f"recycled blocks observed ({e.recycling['how']})" if e.recycling["observed"]
@@ -147,4 +183,18 @@ def judge_probe(e: ProbeEvidence) -> Judgement:
     return Judgement(Verdict.PASS, f"{e.answered} requests answered from the shared prefix cache matched "
                      f"their cache-isolated runs (or departed within {e.numerics_margin:g} nats), with "
                      f"{recycled}; ground truth: {e.isolated} isolated requests reported 0 cached "
-                     f"tokens; {oracle}", details)
+                     f"tokens; {oracle}{_covered(e)}", details)
+
+
+def _covered(e: ProbeEvidence) -> str:
+    """What a PASS covered, event by event, and the second channel."""
+    if not e.events:
+        return ""
+    reached = [r["event"] for r in e.events if r["reached"]]
+    missed = [r["event"] for r in e.events if not r["reached"]]
+    out = f"; events reached: {', '.join(reached) or 'none'}"
+    out += f"; not reached: {', '.join(missed)}" if missed else ""
+    if e.topk:
+        out += (f"; top-k logprobs of {len(e.topk)} requests within {topk_threshold(e.topk_floor):.2f} "
+                "nats of their isolated runs'")
+    return out

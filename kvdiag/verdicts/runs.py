@@ -1,5 +1,6 @@
-"""The judges of runs of runs: a regression against its baseline, a fleet's cells, and the
-detection matrix (healthy passes, every planted fault gives its expected verdict)."""
+"""The judges of runs of runs: a regression against its baseline, a fleet's cells, targets
+compared on the same sessions, and the detection matrix (healthy passes, every planted fault
+gives its expected verdict)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,19 @@ def judge_fleet(cells: Iterable[Verdict]) -> Judgement:
     return Judgement(verdict, f"{len(cells)} cell(s): {counts or 'none'}")
 
 
+def judge_compare(targets: Iterable[tuple[str, Verdict]]) -> Judgement:
+    """Targets probed on the same sessions (kvdiag compare), each already judged against its
+    own isolated twin, never against another target: the worst of their verdicts wins; a
+    target that could not be measured is an error, and no target at all is an error too."""
+    targets = list(targets)
+    if not targets:
+        return Judgement(Verdict.ERROR, "no target was measured")
+    verdict = Verdict.worst(v for _, v in targets)
+    each = "; ".join(f"{name}: {v.value}" for name, v in targets)
+    return Judgement(verdict, f"{len(targets)} targets on the same sessions, each against its "
+                     f"own isolated twin ({each})")
+
+
 def expected_detection(live: str | None, path: str) -> Verdict:
     """The verdict a detection-matrix row must give: pass for the healthy engine (`live`
     None), else the verdict of a run that catches the fault: fail, but error for a fault run
@@ -43,6 +57,12 @@ def expected_detection(live: str | None, path: str) -> Verdict:
     if live is None:
         return Verdict.PASS
     return Verdict.ERROR if path == "live" and live == "probe-reset" else Verdict.FAIL
+
+
+def judge_unreached(why: str) -> Judgement:
+    """A detection-matrix row whose fault cannot be reached on this path here: inconclusive,
+    the reason given; never a catch."""
+    return Judgement(Verdict.INCONCLUSIVE, f"not reachable here: {why}")
 
 
 def caught_as_expected(got: Verdict, want: Verdict) -> bool:

@@ -8,6 +8,10 @@
     key-omits[:A[-B]] block hash without slots A..B of each block (slot 0 without an argument):
                       the family partial-hash is one member of (any slot, any range)
     salt-collision    cache_salt and LoRA name folded into one untagged key
+    ref-undercount    a hit on a block in use takes no reference: freed under its other reader
+                      (lifecycle.py: use-after-free at an early free)
+    publish-early     prompt blocks published at allocation, before they are written
+                      (lifecycle.py: published before written, at a chunked prefill)
     guarded           SequenceGuard (guard.py, this project's design) around stale-hash
     guarded:NAME      SequenceGuard around any registered allocator but a guarded one
 
@@ -31,6 +35,8 @@ ALLOCATORS: dict[str, str] = {
     "partial-hash": "faults:PartialHashAllocator",
     "salt-collision": "faults:SaltCollisionAllocator",
     "key-omits": "faults:KeyOmitsAllocator",
+    "ref-undercount": "lifecycle:RefUndercountAllocator",
+    "publish-early": "lifecycle:PublishEarlyAllocator",
     "guarded": "guard:guarded",
 }
 # allocators that take an optional argument after a colon (key-omits:3-5); the others take none

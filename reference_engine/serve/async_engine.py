@@ -38,6 +38,7 @@ class _Submission:
     sent: int = 0
     aborted: bool = False  # set on the event loop; the engine thread drops the request
     lora_name: str | None = None  # the adapter the request names (a hash key only)
+    ignore_eos: bool = False  # no stop token ends it: it decodes all max_tokens
 
 
 def trim_heap() -> None:
@@ -106,12 +107,13 @@ class AsyncEngine:
         self._thread.join(timeout=5)
 
     def submit(self, prompt_ids: list[int], max_tokens: int, cache_salt: str | None,
-               logprobs: int | None, lora_name: str | None = None) -> RequestStream:
+               logprobs: int | None, lora_name: str | None = None,
+               ignore_eos: bool = False) -> RequestStream:
         """Validate now (raises on bad input, before any response starts), queue the request,
         and return its RequestStream. Call on the event loop."""
         self.engine.validate(prompt_ids, max_tokens, cache_salt)
         sub = _Submission(prompt_ids, max_tokens, cache_salt, logprobs, asyncio.get_running_loop(),
-                          asyncio.Queue(), lora_name=lora_name)
+                          asyncio.Queue(), lora_name=lora_name, ignore_eos=ignore_eos)
         self._inbox.put(sub)
         self._wake.set()
         return RequestStream(self, sub)
@@ -157,7 +159,8 @@ class AsyncEngine:
                 with self.lock:
                     sub.seq = self.engine.add_request(sub.prompt_ids, sub.max_tokens,
                                                       cache_salt=sub.cache_salt,
-                                                      lora_name=sub.lora_name)
+                                                      lora_name=sub.lora_name,
+                                                      stop_ids=() if sub.ignore_eos else None)
             except Exception as e:
                 sub.loop.call_soon_threadsafe(sub.events.put_nowait, e)
                 continue

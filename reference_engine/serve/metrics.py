@@ -32,7 +32,10 @@ class Metrics:
         registry = CollectorRegistry()
         # vLLM's info gauge: the probe plans its jump and pressure from the real block size and pool
         info = {"block_size": str(eng.allocator.block_size), "num_gpu_blocks": str(eng.allocator.num_blocks),
-                "enable_prefix_caching": str(eng.config.enable_prefix_caching)}
+                "enable_prefix_caching": str(eng.config.enable_prefix_caching),
+                # not a vLLM label: one request's prefill chunk, for the probe's chunked-prefill
+                # traffic (the step's budget, or the per-request cap where there is one)
+                "max_num_batched_tokens": str(eng.scheduler.per_request)}
         Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig.", list(info),
               registry=registry).labels(**info).set(1)
         for name, (kind, doc, value) in values.items():

@@ -24,6 +24,7 @@ class _Sampling(_Base):
     stream: StrictBool = False
     cache_salt: StrictStr | None = None
     n: StrictInt = 1
+    ignore_eos: StrictBool = False  # vLLM's and SGLang's: decode all max_tokens past any stop token
 
     @field_validator("max_tokens")
     @classmethod

@@ -9,7 +9,9 @@ compiled code that no Python patch reaches). The plugin sets it too, so a plante
 started by hand works the same. `match-overrun` and `page-overrun` act above the tree core
 (either one); `page-overrun` needs pages of more than one token, and since sglang-local asks
 for --page-size 1, the plugin sets SGLang's page size to PAGE_OVERRUN_SIZE before SGLang
-resolves its arguments (/server_info then reports it, and the probe plans for it).
+resolves its arguments (/server_info then reports it, and the probe plans for it). The
+lifecycle faults (`event` set: dedup-no-remap, abort-publish) act above the tree core too and
+need no environment of their own.
 """
 
 from __future__ import annotations
@@ -74,6 +76,35 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
         (CORRUPTS_OUTPUT,),
         "pairs of prompts that part inside a page, the second sent after the first (the "
         "differential phase's slot, range and swap pairs), held against the over-hit oracle"),
+    Fault(
+        "dedup-no-remap", "dedup without remap (use-after-free)",
+        "when a running request's KV goes into the tree and another request prefilled the same "
+        "prefix at the same time, its duplicate pages are freed but its req_to_token row keeps "
+        "pointing at them: its decode reads pages handed out again",
+        "sglang/srt/mem_cache/unified_radix_cache.py:UnifiedRadixCache.checkpoint_into_tree",
+        ("mini-sglang PR #142 (cache_req freed an unfinished request's duplicate prefix pages "
+         "while its page_table still pointed at them: later decode steps read reused pages)",
+         "SGLang PR #29282 (closed; UnifiedRadixCache's unfinished insert freed duplicates its "
+         "follow-up match rejected, so the row and the tree disagreed on whose pages those were)"),
+        (CORRUPTS_OUTPUT,),
+        "several requests with one long uncached prefix and distinct suffixes prefilled in one "
+        "batch (at once, under one cache_salt), decoding while new prefills take the freed pages",
+        event="concurrent-prefill"),
+    Fault(
+        "abort-publish", "published before written (cancel mid-prefill)",
+        "a request cancelled in the middle of its chunked prefill publishes its whole prompt to "
+        "the tree, the part never prefilled on pages nobody wrote: the next request with that "
+        "prefix is served their stale K/V as cached",
+        "sglang/srt/managers/scheduler.py:Scheduler.process_pending_chunked_abort",
+        ("SGLang PR #28374 (closed: aborted requests' KV, not complete or valid, inserted into "
+         "the radix cache, so later requests with the same prefix reuse it and answer wrong)",
+         "SGLang #38319 / PR #38355 (chunked-prefill inserts mid-prefill and a retract or abort "
+         "before prefill completes left the tree holding pages it must not: corrupt prefix "
+         "until /flush_cache)"),
+        (CORRUPTS_OUTPUT,),
+        "a prompt several prefill chunks long, cancelled by its client in mid-prefill, then the "
+        "same prefix asked again (same cache_salt) and held against an isolated twin",
+        event="cancel-prefill"),
 )}
 
 

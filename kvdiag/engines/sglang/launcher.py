@@ -19,10 +19,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvdiag.engines.server import EngineServer, find_engine_python, torch_sees_cuda
+from kvdiag.engines.server import PREFILL_CHUNK, EngineServer, find_engine_python, torch_sees_cuda
 from kvdiag.engines.sglang.faults import FAULT_ENV, check_fault, server_env
 from kvdiag.errors import KvdiagError
 
+WAIT_TIMEOUT_ENV = "SGLANG_REQUEST_STATE_WAIT_TIMEOUT"  # SGLang's: seconds between disconnect checks
 VENV_NAMES = (".venv-sglang-cpu",)  # `make sglang-cpu-env`; KVDIAG_SGLANG_PYTHON points anywhere else
 
 
@@ -69,7 +70,9 @@ class SglangLocal(EngineServer):
         args = [self.python, "-m", "sglang.launch_server", "--model-path", str(self.model_dir),
                 "--served-model-name", self.served_model, "--host", "127.0.0.1", "--port",
                 str(self.port), "--enable-metrics", "--enable-cache-report",
-                "--page-size", str(self.page_size)]
+                "--page-size", str(self.page_size),
+                # SGLang reports it in /server_info
+                "--chunked-prefill-size", str(PREFILL_CHUNK)]
         if self.device == "cpu":
             args += ["--device", "cpu", "--attention-backend", "torch_native"]
         if self.num_blocks is not None:
@@ -82,6 +85,10 @@ class SglangLocal(EngineServer):
         env = self.base_environment()
         if self.device == "cpu":
             env["SGLANG_USE_CPU_ENGINE"] = "1"  # else the model build imports vLLM's rotary op
+        # SGLang notices a client gone (and aborts its request) only when it polls, every
+        # SGLANG_REQUEST_STATE_WAIT_TIMEOUT s (4 by default): at 1 s a cancel lands in the
+        # middle of a prefill a few chunks long (the cancel-prefill event)
+        env.setdefault(WAIT_TIMEOUT_ENV, "1")
         if self.fault:
             env |= server_env(self.fault)
         return env

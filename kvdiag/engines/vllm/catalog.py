@@ -1,4 +1,4 @@
-"""The catalog of KV-cache faults kvdiag plants into a real vLLM (plants.py), one entry per
+"""The catalog of KV-cache faults kvdiag plants into a real vLLM (plants/), one entry per
 fault, each tied to the real reports it re-creates. Data only: no vLLM import, so the CLI
 can list faults and check a name before anything starts.
 
@@ -11,6 +11,15 @@ reads it, in this one place; the bare NAME plants its default.
 from __future__ import annotations
 
 from kvdiag.engines.fault import BREAKS_GROUND_TRUTH, BREAKS_ISOLATION, CORRUPTS_OUTPUT, Fault
+
+# why the model-free audit cannot reach a fault that lives at one of these events: its replay
+# of the suite's trace drives none of them (tests/kvdiag/runners/replay/test_vllm_lifecycle.py
+# shows each such plant acting on a hand-made trace of its event, and the live probe drives it)
+NOT_REPLAYED = {
+    "chunked-prefill": "the model-free replay of the suite's trace prefills every prompt in one step",
+    "preemption": "the model-free replay of the suite's trace never runs out of blocks mid-decode",
+    "backlog": "the model-free replay of the suite's trace never fails an admission",
+}
 
 FAULTS: dict[str, Fault] = {f.name: f for f in (
     Fault(
@@ -44,7 +53,8 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
          "SGLang #38319 (as cited by kvdiag issue 25; not found in the searchable index)"),
         (CORRUPTS_OUTPUT,),
         "requests that share cached blocks and overlap in time, one finishing while the "
-        "other still decodes, under pool pressure so the freed block is recycled", live="probe"),
+        "other still decodes, under pool pressure so the freed block is recycled", live="probe",
+        event="early-free"),
     Fault(
         "weak-hash", "hash collision",
         "block hashes are truncated to a few bits (10 by default), so blocks of different "
@@ -148,6 +158,69 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
         (CORRUPTS_OUTPUT,),
         "requests with prompt_logprobs on prefixes already cached, compared with an "
         "isolated twin's prompt logprobs", live="probe"),
+    # --- lifecycle faults: the key is right, the bytes behind it are not ---------------------
+    Fault(
+        "published-before-written", "published before written",
+        "a prompt in chunked prefill gets its whole prompt's blocks at its first chunk and "
+        "publishes all of them at once, so a same-prefix request arriving before the later "
+        "chunks ran hits blocks holding zeros or a recycled block's bytes",
+        "vllm/v1/core/kv_cache_manager.py:KVCacheManager.allocate_slots",
+        ("vLLM PR #43569 (eager prefix-cache registration: hashes registered when a step is "
+         "scheduled stay hittable when its request is preempted or aborted before the step "
+         "ran; the PR rolls them back)",
+         "vLLM PR #41400 (prefix-cache block visibility lifecycle: blocks of a cancelled "
+         "request registered before their writes ran, left hittable with garbage)",
+         "vllm-project/vllm-omni #6039 (vLLM caches block hashes at allocation: a same-step "
+         "cross-request hit reads rows written one step later, zeros or stale)"),
+        (CORRUPTS_OUTPUT,),
+        "a prompt longer than the server's prefill chunk (max_num_batched_tokens), and a "
+        "same-prefix request sent while the first is still in prefill", event="chunked-prefill",
+        unreachable={"audit": NOT_REPLAYED["chunked-prefill"]}),
+    Fault(
+        "preempt-stale-progress", "stale progress after preemption",
+        "a preempted request keeps its progress (num_computed_tokens) while its blocks are "
+        "freed; on resume it skips recomputing its prefix and attends to fresh or recycled "
+        "blocks, which it then publishes as computed",
+        "vllm/v1/core/sched/scheduler.py:Scheduler._preempt_request",
+        ("RBLN-SW/vllm-rbln PR #676 (a preempted request's stashed block ids were re-emitted "
+         "on resume: a freed, possibly reused block in its block table)",
+         "PaddlePaddle/FastDeploy PR #3080 (a preempted request resumed without re-prefilling "
+         "all its tokens, prompt and output)",
+         "vllm-project/vllm-gaudi PR #541 (resumed sequences treated as decodes past their "
+         "original prefill length)"),
+        (CORRUPTS_OUTPUT,),
+        "more concurrent long decodes than the pool holds (or than max_num_seqs allows), so "
+        "the server preempts running requests and resumes them", event="preemption",
+        unreachable={"audit": NOT_REPLAYED["preemption"]}),
+    Fault(
+        "stale-lookup", "stale lookup reused",
+        "a waiting request's prefix lookup is kept when its admission fails and reused on a "
+        "later step, after the pool evicted those blocks and handed them to other requests",
+        "vllm/v1/core/kv_cache_manager.py:KVCacheManager.get_computed_blocks",
+        ("kvdiag issue 31 (the class: a lookup's result reused after its blocks were "
+         "reallocated, a retry after admission failed; vLLM's scheduler looks up again on "
+         "every step a request waits, vllm/v1/core/sched/scheduler.py)",
+         "neuralmagic/vllm PR #92 (a request that could not be scheduled kept the blocks "
+         "allocated for it, breaking the resumed-request invariant)"),
+        (CORRUPTS_OUTPUT,),
+        "an admission backlog (requests waiting for blocks while running decodes fill the "
+        "pool) whose waiting requests hit cached prefixes", event="backlog",
+        unreachable={"audit": NOT_REPLAYED["backlog"]}),
+    Fault(
+        "ref-undercount", "use-after-free",
+        "a cache hit on a block another request holds takes no reference, so when the holder "
+        "finishes the block returns to the free queue while the reader still maps it, and is "
+        "recycled under it",
+        "vllm/v1/core/block_pool.py:BlockPool.touch",
+        ("vLLM #42571 / PR #42612 (a block listed twice in free_blocks: its ref_cnt "
+         "decremented once per listing, the free queue over-counts)",
+         "Avarok-Cybersecurity/atlas #692 (as quoted in atlas #1193: a matched partial block "
+         "pushed into the requester's block table without a reference)",
+         "Avarok-Cybersecurity/atlas PR #373 (a cache reference taken against the wrong "
+         "block: a block returned to the free list while a live sequence used it)"),
+        (CORRUPTS_OUTPUT,),
+        "requests that hit a prefix another running request holds, the holder finishing "
+        "first, under pool pressure so the freed block is recycled", event="early-free"),
 )}
 
 

@@ -1,5 +1,5 @@
 """The names of the faults kvdiag can plant into a real vLLM, checked before anything starts
-(the catalog, with what each re-creates: catalog.py; the plants themselves: plants.py). No
+(the catalog, with what each re-creates: catalog.py; the plants themselves: plants/). No
 vLLM import here."""
 
 from __future__ import annotations

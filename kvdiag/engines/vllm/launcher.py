@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kvdiag.engines.server import EngineServer, find_engine_python, torch_sees_cuda
+from kvdiag.engines.server import PREFILL_CHUNK, EngineServer, find_engine_python, torch_sees_cuda
 from kvdiag.engines.vllm.faults import FAULT_ENV, check_fault
 from kvdiag.errors import KvdiagError
 
@@ -59,6 +59,7 @@ class VllmLocal(EngineServer):
                  num_blocks: int | None = None, max_model_len: int | None = None, python: str | None = None,
                  log_path: str | Path | None = None, extra_args: tuple[str, ...] = (),
                  device: str | None = None, kv_space_gb: int = 2, max_num_seqs: int = 16,
+                 prefill_chunk: int | None = PREFILL_CHUNK // 4,
                  timeout: float = 900.0, served_model: str | None = None,
                  adapters: dict[str, Path] | None = None) -> None:
         fault = check_fault(fault)
@@ -74,7 +75,7 @@ class VllmLocal(EngineServer):
         self.device = device or ("cuda" if torch_sees_cuda(self.python) else "cpu")
         if self.device == "cpu" and block_size % 32:
             raise KvdiagError(f"block size {block_size}: vLLM's CPU attention needs a multiple of 32")
-        self.kv_space_gb, self.max_num_seqs = kv_space_gb, max_num_seqs
+        self.kv_space_gb, self.max_num_seqs, self.prefill_chunk = kv_space_gb, max_num_seqs, prefill_chunk
 
     def command(self) -> list[str]:
         args = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
@@ -84,6 +85,13 @@ class VllmLocal(EngineServer):
                 "--max-num-seqs", str(self.max_num_seqs)]
         if self.num_blocks is not None:
             args += ["--num-gpu-blocks-override", str(self.num_blocks)]
+        if self.prefill_chunk is not None:
+            # a step's token budget, and a cap on one request's share of it: without the cap a
+            # lone long prefill takes the whole budget, and a same-prefix request is admitted
+            # only beside its last chunk (nothing left unwritten to read); with it, a request
+            # arriving mid-prefill is admitted while later chunks are still to be written
+            args += ["--max-num-batched-tokens", str(4 * self.prefill_chunk),
+                     "--long-prefill-token-threshold", str(self.prefill_chunk)]
         if self.adapters:
             rank = max(json.loads((d / "adapter_config.json").read_text()).get("r", 8)
                        for d in self.adapters.values())

@@ -1,5 +1,5 @@
 """kvdiag's vLLM general plugin (entry point group `vllm.general_plugins`): plants the fault
-that $KVDIAG_VLLM_FAULT names (plants.py), as a positive control for kvdiag's probe; inert
+that $KVDIAG_VLLM_FAULT names (plants/), as a positive control for kvdiag's probe; inert
 without it.
 
 vLLM calls `register()` in every process it starts (API server, engine core, workers), so

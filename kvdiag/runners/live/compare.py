@@ -11,6 +11,7 @@ import math
 
 from kvdiag.plan import CasePlan
 from kvdiag.runners.live.differential import DIFF_ISOLATED
+from kvdiag.runners.live.lifecycle import LIFE, LIFE_ISOLATED
 from kvdiag.runners.live.phases import (
     FLOOR,
     ISOLATED,
@@ -63,11 +64,64 @@ def noise_floor(store: RoundStore) -> dict:
             "margin": max(margins, default=0.0)}
 
 
+TOPK_POSITIONS = 4  # the second channel reads the first generated tokens' top-k logprobs
+
+
+def topk_distance(a: dict, b: dict, upto: int | None = None) -> float | None:
+    """The largest change, in nats, of any token's logprob among both runs' top-k at each of
+    the first TOPK_POSITIONS generated positions (before the answers part, `upto`): a shift of
+    the distribution that need not flip the greedy token. None where the server gave no top-k."""
+    worst = None
+    n = min(TOPK_POSITIONS, len(a.get("top") or []), len(b.get("top") or []))
+    for i in range(n if upto is None else min(n, upto)):
+        mine, theirs = dict(map(tuple, a["top"][i])), dict(map(tuple, b["top"][i]))
+        for token in mine.keys() & theirs.keys():
+            d = abs(mine[token] - theirs[token])
+            worst = d if worst is None else max(worst, d)
+    return worst
+
+
+def topk_channel(plan: CasePlan, store: RoundStore, pressure: list[int]) -> dict:
+    """The second channel, raw: every shared (and pressure, and lifecycle) request's top-k
+    distance from its isolated twin, and the same distance between repeated isolated runs
+    (its noise floor). `distances`: [what, distance]."""
+    pairs = [((SHARED, k, r), (ISOLATED, k, r), f"round {r + 1}") for (p, k, r) in store.done if p == SHARED]
+    pairs += [((PRESSURE, j, r), (ISOLATED, pressure[j], r), f"round {r + 1}")
+              for (p, j, r) in store.done if p == PRESSURE and j < len(pressure)]
+    pairs += [((LIFE, j, 0), (LIFE_ISOLATED, j, 0), f"lifecycle {store.done[(LIFE, j, 0)].get('group')}")
+              for (p, j, _) in store.done if p == LIFE]
+    distances = []
+    for shared, iso, what in pairs:
+        a, b = store.done.get(shared), store.done.get(iso)
+        if a and b and (d := topk_distance(a, b, divergence(a["tokens"], b["tokens"]))) is not None:
+            distances.append([what, d])
+    floor = [d for (p, k, r), row in store.done.items() if p == FLOOR and (ISOLATED, k, r) in store.done
+             and (d := topk_distance(row, store.done[(ISOLATED, k, r)],
+                                     divergence(row["tokens"], store.done[(ISOLATED, k, r)]["tokens"])))
+             is not None]
+    return {"positions": TOPK_POSITIONS, "distances": distances, "floor": floor}
+
+
+def lifecycle_divergences(store: RoundStore) -> list[dict]:
+    """Every answered lifecycle request against its isolated twin: where they first part and
+    the isolated run's margin there (None: no twin, NaN: no departure)."""
+    out = []
+    for (phase, j, _), row in sorted(store.done.items(), key=lambda kv: kv[0][1]):
+        iso = store.done.get((LIFE_ISOLATED, j, 0))
+        if phase != LIFE or iso is None:
+            continue
+        i = divergence(row["tokens"], iso["tokens"])
+        out.append({"request": j, "group": row.get("group"), "first_divergence": i,
+                    "margin": margin_at(iso, row["tokens"], i) if i is not None else math.nan,
+                    "cached_tokens": row.get("cached_tokens"), "prompt_tokens": row.get("prompt_tokens")})
+    return out
+
+
 def ground_truth(store: RoundStore) -> dict:
     """The probe's check of its own ground truth: every isolated request (fresh salt, or the
     first after an emptied cache) must report 0 cached tokens. `contaminated` counts those
     that reported more; `unchecked` those that reported no count at all."""
-    isolated = (ISOLATED, FLOOR, PLP_ISOLATED, DIFF_ISOLATED)
+    isolated = (ISOLATED, FLOOR, PLP_ISOLATED, DIFF_ISOLATED, LIFE_ISOLATED)
     rows = [row for (phase, _, _), row in store.done.items() if phase in isolated]
     hit = [row for row in rows if (row.get("cached_tokens") or 0) > 0]
     return {"isolated": len(rows), "contaminated": len(hit),

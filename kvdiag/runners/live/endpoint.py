@@ -134,13 +134,15 @@ class Endpoint(ServerIdentity):
             **_usage(data)), sent)
 
     async def complete(self, token_ids: list[int], max_tokens: int, *, cache_salt: str | None = None,
-                       top_logprobs: int = 5, model: str | None = None) -> ChatResult:
+                       top_logprobs: int = 5, model: str | None = None,
+                       ignore_eos: bool = False) -> ChatResult:
         """One greedy completion of a prompt given as token ids (/v1/completions, legacy
-        logprobs): the differential phase's requests, free of any chat template."""
+        logprobs): the differential and lifecycle phases' requests, free of any chat
+        template. `ignore_eos`: decode all `max_tokens` (vLLM's and SGLang's extra parameter)."""
         sent = time.time()
         data = await self._generate("/v1/completions", "completion", cache_salt, {
             "model": model or self.model, "prompt": list(token_ids), "max_tokens": max_tokens,
-            "temperature": 0.0, "logprobs": top_logprobs})
+            "temperature": 0.0, "logprobs": top_logprobs} | ({"ignore_eos": True} if ignore_eos else {}))
         choice = data["choices"][0]
         lp = choice.get("logprobs") or {}
         tops = lp.get("top_logprobs") or []
@@ -149,6 +151,28 @@ class Endpoint(ServerIdentity):
             top=[sorted((top or {}).items(), key=lambda kv: -kv[1]) for top in tops],
             logprobs=[x if x is not None else 0.0 for x in lp.get("token_logprobs") or []],
             finish_reason=choice.get("finish_reason"), **_usage(data)), sent)
+
+    async def stream_and_close(self, token_ids: list[int], after: int | None, *,
+                               cache_salt: str | None = None, max_tokens: int = 64) -> dict:
+        """A streamed completion the client closes after `after` generated tokens (0: before
+        the first; None: read to the end): the server sees a client go away mid-prefill or
+        mid-decode. Returns when it was sent, when its first token came (None: none came
+        before the close) and closed, and how many tokens came."""
+        body = {"model": self.model, "prompt": list(token_ids), "max_tokens": max_tokens,
+                "temperature": 0.0, "stream": True} | ({"cache_salt": cache_salt} if cache_salt else {})
+        sent, first, seen = time.time(), None, 0
+        async with self.client.stream("POST", "/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                raise EndpointError(f"streamed completion answered HTTP {r.status_code}")
+            if after != 0:
+                async for line in r.aiter_lines():
+                    if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                        continue
+                    seen += 1
+                    first = first or time.time()
+                    if after is not None and seen >= after:
+                        break
+        return {"sent": sent, "first_token": first, "closed": time.time(), "tokens_seen": seen}
 
     async def prompt_logprobs(self, token_ids: list[int], *, cache_salt: str | None = None,
                               model: str | None = None) -> ChatResult:

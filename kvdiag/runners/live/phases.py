@@ -57,6 +57,9 @@ class ProbeSettings:
     differential: bool = True  # the key-coverage pairs first (differential.py)
     differential_only: bool = False  # only them: a quick check of a production server
     differential_tokens: int = 8  # greedy tokens each pair's answer is compared over
+    lifecycle: bool = True  # drive every event of a block's life (lifecycle.py)
+    prefill_chunk: int | None = None  # the server's prefill chunk where it does not report it
+    require: tuple[str, ...] = ()  # events a run must reach, or be inconclusive
 
 
 async def shared_phase(endpoint: Endpoint, plan: CasePlan, store: RoundStore, s: ProbeSettings,

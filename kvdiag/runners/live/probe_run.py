@@ -14,13 +14,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvdiag.errors import EndpointError, KvdiagError
+from kvdiag.errors import KvdiagError
 from kvdiag.runners.live import compare as C
 from kvdiag.runners.live import differential as D
+from kvdiag.runners.live import lifecycle as L
 from kvdiag.runners.live import phases as P
+from kvdiag.runners.live.connect import connect, counters_since, isolation
 from kvdiag.runners.live.coverage import differential_records, key_coverage
 from kvdiag.runners.live.endpoint import Endpoint
-from kvdiag.runners.live.pressure import ServerCache, observe_recycling, read_server_cache
+from kvdiag.runners.live.events import coverage as event_coverage
+from kvdiag.runners.live.pressure import ServerCache, observe_recycling
 from kvdiag.runners.live.store import RoundStore
 from kvdiag.runners.live.tokenizer import RemoteTokenizer
 from kvdiag.runners.records import Record
@@ -49,6 +52,10 @@ class ProbeRun:
     # phase (coverage.key_coverage): raw rows, the judge decides
     first_divergences: list[dict] = field(default_factory=list)
     by_request: list[dict] = field(default_factory=list)
+    # the lifecycle phase: the events table (events.coverage), every request's divergence from
+    # its twin, and how the phase was sized; and the second channel (compare.topk_channel)
+    lifecycle: dict = field(default_factory=dict)
+    topk: dict = field(default_factory=dict)
 
     @property
     def shared(self):
@@ -84,7 +91,7 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
     if resume and not meta_path.is_file():
         raise KvdiagError(f"{run_dir}: not a probe run directory (no probe.json)")
     meta = json.loads(meta_path.read_text()) if resume else None
-    endpoint, who, server = _connect(base_url, model, api_key, suite, settings)
+    endpoint, who, server = connect(base_url, model, api_key, suite, settings)
     plan, salted, settings, ids_known = _plan(endpoint, suite, case, server, settings, count_with, warn)
     fresh = {"base_url": base_url, "model": model, "suite": suite.name, "case": case.name,
              "plan_sha": plan_sha(plan), "salted": salted, "adapter": settings.adapter,
@@ -93,15 +100,16 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
         raise KvdiagError(f"{run_dir}: the suite or the server's tokenizer changed since this probe began")
     store = RoundStore(run_dir / "rounds.jsonl")
     pressure = P.plan_pressure(plan, server, salted, settings)
+    life = _plan_lifecycle(endpoint, plan, server, salted and ids_known, settings, warn)
     # the server's counters when the probe began; kept in probe.json so that a resumed
     # probe's prefix-cache hit rate still covers the whole run
-    before = _counters_since(meta, endpoint.metrics(), who["counters"].queries)
+    before = counters_since(meta, endpoint.metrics(), who["counters"].queries)
     kept = meta is not None and before is meta.get("metrics_before")
     meta = (meta if kept else fresh | {"metrics_after_shared": None}) | {"metrics_before": before}
     meta_path.write_text(json.dumps(meta, indent=2))
     try:
         after = asyncio.run(_phases(endpoint, plan, store, settings, salted, pressure, meta,
-                                    meta_path, progress))
+                                    meta_path, progress, life))
     finally:
         store.close()
     run = _facts(base_url, who, plan, store, server, salted, pressure, before, after, settings)
@@ -109,24 +117,32 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
                    "prompt_logprobs": settings.prompt_logprobs,
                    "twin_requests": sum(phase == P.TWIN for phase, _, _ in store.done),
                    "isolation": "cache_salt" if salted else "reset_prefix_cache",
-                   "differential": settings.differential, "differential_only": settings.differential_only}
+                   "differential": settings.differential, "differential_only": settings.differential_only,
+                   "lifecycle": life is not None, "require": list(settings.require)}
     run.key_coverage = key_coverage(plan, store, pressure, server, meta, ids_known)
+    run.lifecycle = {
+        "events": event_coverage(store, life, meta.get("life_observed") or {}, run.recycling, before,
+                                 meta.get("metrics_after_life") or after),
+        "requests": C.lifecycle_divergences(store),
+        "sizing": life.sizing if life else {}, "skipped": life.skipped if life else {}}
+    run.topk = C.topk_channel(plan, store, pressure)
     return run
 
 
-def _connect(base_url: str, model: str, api_key: str | None, suite: Suite,
-             settings: P.ProbeSettings) -> tuple[Endpoint, dict, ServerCache]:
-    """The endpoint (model and adapter served), who the server is, and its KV cache."""
-    endpoint = Endpoint(base_url, model, api_key)
-    served = endpoint.check()
-    if settings.adapter is not None and settings.adapter not in served:
-        raise EndpointError(f"{base_url} does not serve the adapter {settings.adapter!r} (it serves: "
-                            f"{', '.join(map(str, served))})")
-    who = {"engine": endpoint.identity(), "model_label": endpoint.model_label(),
-           "counters": endpoint.counters}  # asked now: the phases close the endpoint
-    server = read_server_cache(endpoint, suite.block_size, block_size=settings.block_size,
-                               num_blocks=settings.num_blocks)
-    return endpoint, who, server
+def _plan_lifecycle(endpoint: Endpoint, plan, server: ServerCache, possible: bool,
+                    settings: P.ProbeSettings, warn: Callable[[str], None]) -> L.LifePlan | None:
+    """The lifecycle phase's requests for this server, or None where it does not run (asked
+    off, the differential phase alone, or no salts or token ids to keep its requests apart)."""
+    if not settings.lifecycle or settings.differential_only:
+        return None
+    if not possible:
+        warn("the lifecycle phase needs cache_salt and /tokenize: it is off, and its events "
+             "are reported not reached")
+        return None
+    context, chunk = L.server_limits(endpoint, settings.prefill_chunk)
+    material = [t for session in plan.prompts for t in session[-1]]
+    return L.plan_lifecycle(material, server.block_size, server.num_blocks, context, chunk,
+                            settings.concurrency)
 
 
 def _plan(endpoint: Endpoint, suite: Suite, case: Case, server: ServerCache,
@@ -140,7 +156,7 @@ def _plan(endpoint: Endpoint, suite: Suite, case: Case, server: ServerCache,
                      adapter=settings.adapter)
     if tokenizer.use_usage:
         warn("counting tokens by usage.prompt_tokens (no /tokenize): planning sends one-token requests")
-    salted = _isolation(endpoint, endpoint.base, warn, settings.isolation)
+    salted = isolation(endpoint, endpoint.base, warn, settings.isolation)
     if settings.prompt_logprobs and (tokenizer.use_usage or not endpoint.prompt_logprobs_supported(
             P.plp_ids(plan, 0, 0))):  # placeholder ids, or a server without prompt logprobs
         settings = dataclasses.replace(settings, prompt_logprobs=False)
@@ -154,7 +170,7 @@ def _plan(endpoint: Endpoint, suite: Suite, case: Case, server: ServerCache,
 
 async def _phases(endpoint: Endpoint, plan, store: RoundStore, settings: P.ProbeSettings,
                   salted: bool, pressure: list[int], meta: dict, meta_path: Path,
-                  progress: Callable[[str, int, int], None] | None) -> dict:
+                  progress: Callable[[str, int, int], None] | None, life: L.LifePlan | None) -> dict:
     """The differential phase first (one request at a time, its own salts); then the shared,
     isolated, noise-floor (and prompt-logprob) phases, or none of them with
     `differential_only`. Returns the server's counters after the shared phase."""
@@ -165,6 +181,7 @@ async def _phases(endpoint: Endpoint, plan, store: RoundStore, settings: P.Probe
     block = plan.schedule.block_size  # the server's, as the plan was made for it
     diff = len(D.pairs(_material(plan), block, settings.adapter)) if settings.differential else 0
     total = diff + 2 * len(jobs) + len(floor) + len(pressure) * plan.case.rounds * (not only) + len(plp)
+    total += 2 * len(life.requests) if life else 0
     done = [len(store.done)]
 
     def tick_for(phase: str):
@@ -202,9 +219,18 @@ async def _phases(endpoint: Endpoint, plan, store: RoundStore, settings: P.Probe
                              shared_salt=shared_salt)
         after = meta.get("metrics_after_shared") or endpoint.metrics()
         save("metrics_after_shared", after)  # a resume after this point keeps it
+        if life is not None and meta.get("metrics_after_life") is None:
+            observed = meta.get("life_observed") or {}
+            await L.lifecycle_phase(endpoint, life, store, shared_salt or "kvdiag-life",
+                                    tick_for("lifecycle (events)"), observed)
+            save("life_observed", observed)
+            save("metrics_after_life", endpoint.metrics())
         for phase, work, what in ((P.ISOLATED, jobs, "isolated (fresh cache_salt)"),
                                   (P.FLOOR, floor, "noise floor"), (P.PLP_ISOLATED, plp, "prompt logprobs")):
             await P.isolated_phase(endpoint, plan, store, settings, phase, work, salted, tick_for(what))
+        if life is not None:
+            await L.lifecycle_isolated(endpoint, life, store, settings.concurrency,
+                                       tick_for("lifecycle (isolated)"))
     finally:
         await endpoint.aclose()
     return after
@@ -213,31 +239,6 @@ async def _phases(endpoint: Endpoint, plan, store: RoundStore, settings: P.Probe
 def _material(plan) -> list[int]:
     """The differential phase's token ids: the suite's longest prompt (any model's vocabulary)."""
     return max((ids for session in plan.prompts for ids in session), key=len)
-
-
-def _isolation(endpoint: Endpoint, base_url: str, warn: Callable[[str], None],
-               mode: str = "auto") -> bool:
-    """True when isolated runs use a fresh cache_salt each; False for the documented fallback
-    (an emptied cache before each isolated request, one at a time). `mode`: auto (salts where
-    the server takes them), salt (required), reset (the fallback, even where salts work).
-    EndpointError when the chosen way cannot be had."""
-    if mode not in ("auto", "salt", "reset"):
-        raise KvdiagError(f"--isolation must be auto, salt or reset, got {mode!r}")
-    if mode == "reset":
-        if not endpoint.reset_prefix_cache():
-            raise EndpointError(f"{base_url} has no working /reset_prefix_cache: --isolation reset "
-                                "cannot be had")
-        return False
-    salted, why = endpoint.salt_supported()
-    if not salted and mode == "salt":
-        raise EndpointError(f"{base_url} rejects cache_salt ({why}): --isolation salt cannot be had")
-    if not salted:
-        if not endpoint.reset_prefix_cache():
-            raise EndpointError(f"{base_url} rejects cache_salt ({why}) and has no /reset_prefix_cache: "
-                                "no isolated ground truth can be made")
-        warn(f"the server rejects cache_salt ({why}); isolated runs reset the prefix cache "
-             "before each request and run one at a time")
-    return salted
 
 
 def _facts(base_url, who, plan, store, server, salted, pressure, before, after,
@@ -266,14 +267,3 @@ def _facts(base_url, who, plan, store, server, salted, pressure, before, after,
         first_divergences=[] if settings.differential_only else
         C.first_divergences(plan, store, corrupt, pressure),
         by_request=[] if settings.differential_only else C.by_request_index(plan, store, frame, pressure))
-
-
-def _counters_since(meta: dict | None, now: dict, queries: str) -> dict:
-    """The server's counters when this probe began: those saved in probe.json when resuming
-    against the same server process, so that the prefix-cache hit rate covers the whole run.
-    A restarted server's counters start again from zero (lower than saved): then only the
-    counters from now on are comparable."""
-    saved = (meta or {}).get("metrics_before")
-    if saved and now.get(queries, 0) >= saved.get(queries, 0):
-        return saved
-    return now

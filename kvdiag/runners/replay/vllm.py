@@ -4,10 +4,12 @@ BlockPool) on CPU, without a model, and audit what it hands out.
 The driver makes the calls vLLM's Scheduler.schedule makes, in its order:
 
     running requests, in order:  allocate_slots(req, chunk)
-        no room -> preempt the last running request (free, back to the waiting queue's
-        front, recompute), retry; a request that preempted itself ends the pass
+        no room -> preempt the last running request (vLLM's own _preempt_request: free,
+        back to the waiting queue's front, recompute), retry; a request that preempted
+        itself ends the pass
     then, if nothing was preempted, waiting requests (FCFS, up to max_num_seqs):
-        get_computed_blocks(req) -> allocate_slots(req, chunk, hits, hit_blocks)
+        get_computed_blocks(req) (only at 0 computed tokens, as vLLM) ->
+        allocate_slots(req, chunk, hits, hit_blocks)
         (0.33: full_sequence_must_fit, its scheduler's default)
         no room -> stop admitting this step
     after the step: teacher-forced token appended (vLLM extends req.block_hashes);
@@ -24,49 +26,30 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 from kvdiag.errors import KvdiagError
 from kvdiag.runners.replay.drive import ReplayResult, drive, records, trace_index
 from kvdiag.runners.replay.invariants import Invariants, assertion_site
-from kvdiag.runners.replay.shadow import ReadLog, ShadowCache, StepItem
+from kvdiag.runners.replay.shadow import ShadowCache, StepItem
 from kvdiag.runners.replay.trace import Trace
+from kvdiag.runners.replay.turn import VllmTurn
 from kvdiag.runners.replay.vllm_api import CacheStats, VllmApi, load
 from reference_engine.util import cdiv
 
 ALLOCATOR = "vllm"
 
 
-@dataclass(eq=False)
-class VllmTurn:
-    """One round of one session: the vLLM Request plus what the audit keeps beside it."""
-
-    tag: object  # reference_engine.sessions.TurnRequest
-    request: object  # vllm.v1.request.Request
-    teacher: list[int]  # the reference's tokens, fed in order
-    fingerprints: object  # reference_engine.kv_cache.Fingerprints of all its tokens
-    stats: object  # reference_engine.sequence.RequestStats
-    reads: ReadLog = field(default_factory=ReadLog)
-    first_admission: bool = True
-    hashed_blocks: int = 0  # block hashes already entered in the audit's hash -> prefix map
-    tenant: int = 0  # shadow.tenant_of(its cache_salt)
-    admitted: int = -1  # how many requests were admitted before it (its first admission)
-    hit_blocks: list = field(default_factory=list)  # its first admission's cache hits, checked
-    # once the step that admitted it has written (blocks cached in that step are written then)
-
-    @property
-    def label(self) -> str:
-        return f"{self.tag.session} round {self.tag.round + 1}"
-
-
 class VllmReplay:
     def __init__(self, trace: Trace, api: VllmApi, *, check: bool = True,
-                 cache_after_compute: bool = False) -> None:
+                 cache_after_compute: bool = False, long_prefill_token_threshold: int = 0) -> None:
         """cache_after_compute: register full blocks after the step computes them (as
         reference_engine does) instead of when allocate_slots schedules them (as vLLM
-        does); only to explain hit-count differences between the two."""
+        does); only to explain hit-count differences between the two.
+        long_prefill_token_threshold: vLLM's cap on one request's prefill chunk while other
+        requests are eligible (0: none, vLLM's default)."""
         cfg = trace.config
         self.api, self.cfg, self.check = api, cfg, check
+        self.long_prefill = long_prefill_token_threshold
         self.cache_after_compute = cache_after_compute
         longest = max(len(r.prompt_ids) + len(r.output_ids) for r in trace.requests)
         self.manager = api.make_manager(cfg.num_blocks, cfg.block_size, longest,
@@ -136,13 +119,10 @@ class VllmReplay:
             raise KvdiagError(message)
 
     def _preempt(self, turn: VllmTurn) -> None:
+        """vLLM's own Scheduler._preempt_request (free, PREEMPTED, progress reset)."""
         t0 = time.perf_counter()
-        self.manager.free(turn.request)
+        self.api.preempt(self.manager, turn.request)
         self.manager_seconds += time.perf_counter() - t0
-        req = turn.request
-        req.status = self.api.RequestStatus.PREEMPTED
-        req.num_computed_tokens = 0
-        req.num_preemptions += 1
         turn.stats.preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(turn)
@@ -151,7 +131,8 @@ class VllmReplay:
         turn = self.waiting[0]
         req, api, bs = turn.request, self.api, self.cfg.block_size
         t0 = time.perf_counter()
-        blocks, hits = api.lookup(self.manager, req)
+        progress = req.num_computed_tokens  # vLLM looks up only for a request at 0
+        blocks, hits = api.lookup(self.manager, req) if not progress else (None, 0)
         counted = api.take_stats(self.manager) if api.stats_at_lookup else None
         self.manager_seconds += time.perf_counter() - t0
         if self.shadow is not None and hits and turn.first_admission:
@@ -162,19 +143,20 @@ class VllmReplay:
                                 "tokens from the prefix cache (their logprobs are never computed)")
         if counted is not None:  # 0.17 counts every lookup, admitted or not
             self.cache_stats.add(counted)
-        num_new = min(req.num_tokens - hits, budget)
+        num_new = self._chunk(req.num_tokens - progress - hits, budget)
         new = self._allocate(turn, num_new, hits, blocks, admission=True)
         if new is None:
             return None
         self.waiting.popleft()
         t0 = time.perf_counter()
         if counted is None:  # 0.33 counts the lookup once the request is admitted
-            api.record_admission(self.manager, req, hits)
+            if not progress:
+                api.record_admission(self.manager, req, hits)
             counted = api.take_stats(self.manager)
             self.cache_stats.add(counted)
         self.manager_seconds += time.perf_counter() - t0
         req.status = api.RequestStatus.RUNNING
-        req.num_computed_tokens = hits
+        req.num_computed_tokens = progress + hits
         self.running.append(turn)
         if turn.first_admission:  # the request's reuse, as vLLM's own statistics count it
             turn.first_admission = False
@@ -188,6 +170,13 @@ class VllmReplay:
         turn.stats.blocks_allocated += len(new)
         return turn, num_new, new
 
+    def _chunk(self, remaining: int, budget: int) -> int:
+        """The tokens one request is scheduled this step (vLLM caps a long prefill's chunk
+        at long_prefill_token_threshold when another request is eligible)."""
+        if 0 < self.long_prefill < remaining and len(self.running) + len(self.waiting) > 1:
+            remaining = self.long_prefill
+        return min(remaining, budget)
+
     def schedule(self) -> tuple[list[tuple[VllmTurn, int]], list[VllmTurn]]:
         self.api.new_step(self.manager)
         budget, scheduled, preempted = self.cfg.max_num_batched_tokens, [], []
@@ -195,7 +184,7 @@ class VllmReplay:
         while i < len(self.running) and budget > 0:
             turn = self.running[i]
             req = turn.request
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            num_new = self._chunk(req.num_tokens - req.num_computed_tokens, budget)
             had = len(self.api.block_table(self.manager, req.request_id)) if self.check else 0
             new = None
             while new is None:
@@ -276,12 +265,14 @@ class VllmReplay:
 
 
 def replay_vllm(trace: Trace, *, api: VllmApi | None = None, check: bool = True,
-                cache_after_compute: bool = False, epilogue: bool = False) -> ReplayResult:
+                cache_after_compute: bool = False, epilogue: bool = False,
+                long_prefill_token_threshold: int = 0) -> ReplayResult:
     """The trace through the installed vLLM's KVCacheManager; rows target "vllm-<version>",
     allocator "vllm". `epilogue`: then the isolation and reset checks of epilogue.py, on the
     same manager (stats["epilogue"])."""
     api = api or load()
-    engine = VllmReplay(trace, api, check=check, cache_after_compute=cache_after_compute)
+    engine = VllmReplay(trace, api, check=check, cache_after_compute=cache_after_compute,
+                        long_prefill_token_threshold=long_prefill_token_threshold)
     t0 = time.perf_counter()
     turns = drive(trace, engine)
     after = None

@@ -214,10 +214,52 @@ class VllmApi:
     def take_stats(self, manager) -> CacheStats:
         return CacheStats().add(manager.make_prefix_cache_stats())
 
+    def preempt(self, manager, request) -> None:
+        """vLLM's own Scheduler._preempt_request on a stand-in scheduler that holds only
+        `manager` (so a fault planted there acts in the replay), or, where this vLLM has none,
+        what it does to the allocator and the request: free, PREEMPTED, progress reset."""
+        try:
+            from vllm.v1.core.sched.scheduler import Scheduler
+        except ImportError:
+            Scheduler = None
+        own = getattr(Scheduler, "_preempt_request", None)
+        if own is not None:
+            own(_Preempter(manager), request, 0.0)
+        else:
+            manager.free(request)
+            request.status = self.RequestStatus.PREEMPTED
+            request.num_computed_tokens = 0
+            request.num_preemptions += 1
+
     def new_step(self, manager) -> None:
         starts = getattr(manager, "new_step_starts", None)
         if starts is not None:
             starts()
+
+
+class _Preempter:
+    """The slice of vLLM's Scheduler that _preempt_request touches: the KV cache manager, and
+    inert stand-ins for what a model-free replay has not (encoders, connectors, queues: the
+    replay keeps its own waiting queue)."""
+
+    aux_output_connector = None
+    log_stats = False
+
+    def __init__(self, manager) -> None:
+        self.kv_cache_manager = manager
+        self.encoder_cache_manager = self.waiting = self
+        self._pending_encoder_input_ids: dict = {}
+        self._inflight_prefills: set = set()
+        self.reset_preempted_req_ids: set = set()
+
+    def _free_request_blocks(self, request) -> None:
+        self.kv_cache_manager.free(request)
+
+    def free(self, request) -> None:  # encoder_cache_manager.free
+        pass
+
+    def prepend_request(self, request) -> None:  # waiting.prepend_request
+        pass
 
 
 def load() -> VllmApi:

@@ -26,7 +26,8 @@ from tests.kvdiag.serving import (
 
 def _server_args(allocator: str) -> list[str]:
     return ["--allocator", allocator, "--num-blocks", str(smoke_pool()), "--max-num-seqs", "16",
-            "--recycled-block-fill", "nan", "--max-model-len", "2048"]
+            "--recycled-block-fill", "nan", "--max-model-len", "2048", "--max-num-batched-tokens", "512",
+            "--long-prefill-token-threshold", "128"]
 
 
 def _probe(url: str, out, *extra: str) -> list[str]:
@@ -45,10 +46,15 @@ def in_process(tmp_path_factory):
 @pytest.mark.slow  # ~75 s; the buggy server's probe below runs in the fast suite
 def test_probe_passes_the_guarded_server(tmp_path, in_process):
     with served(*_server_args("guarded")) as (url, _):
-        run = subprocess.run(_probe(url, tmp_path / "g", "--json"), capture_output=True, text=True, timeout=900)
+        run = subprocess.run(_probe(url, tmp_path / "g", "--json", "--require", "all"), capture_output=True,
+                             text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-2000:]
     summary = json.loads(run.stdout)
     assert summary["verdict"] == "pass" and summary["corrupted_requests"] == 0
+    # every event of a block's life reached, and the PASS says so; no top-k shift beyond the floor
+    assert all(r["reached"] for r in summary["events"]) and len(summary["events"]) == 8
+    assert "events reached: recycle, early-free, preemption" in summary["reason"]
+    assert summary["topk"]["compared"] > 100 and summary["topk"]["departed"] == 0
     assert summary["isolation"] == "cache_salt"
     from tests.kvdiag.schema_util import assert_valid_summary
 

@@ -247,6 +247,16 @@ def test_a_live_server_as_the_target(tmp_path):
     assert regress["key"]["engine"] == "kvdiag-serve" and regress["key"]["model"].startswith("canary@")
     assert regress["baseline"]["run_id"] == "a" and regress["measurement"]["trigger"]["series"] == url
     assert other.exit_code == 2 and "flag tp: baseline (unset), run 2" in other.output
+    # the history keeps the run's lifecycle coverage beside its verdict
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "h.sqlite") as con:
+        stored = con.execute("SELECT events FROM runs WHERE run_id = 'b'").fetchone()[0]
+    coverage = json.loads(stored)
+    events = {r["event"]: r["reached"] for r in regress["events"]}
+    assert coverage["reached"] == [e for e, ok in events.items() if ok]
+    assert coverage["missing"] == [e for e, ok in events.items() if not ok]
+    assert "recycle" in events and len(events) == 8
 
 
 def test_the_weekly_suite_is_long():

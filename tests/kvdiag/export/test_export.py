@@ -248,7 +248,7 @@ def test_a_schema_1_history_gains_the_isolation_table(tmp_path):
         con.execute("PRAGMA user_version=1")
     H.connect(path).close()
     with sqlite3.connect(path) as con:
-        assert con.execute("PRAGMA user_version").fetchone()[0] == H.SCHEMA == 4
+        assert con.execute("PRAGMA user_version").fetchone()[0] == H.SCHEMA == 5
         assert con.execute("SELECT run_id FROM runs").fetchall() == [("r1",)]
         assert con.execute("SELECT COUNT(*) FROM isolation").fetchone()[0] == 0
         assert con.execute("SELECT COUNT(*) FROM baselines").fetchone()[0] == 0
@@ -272,7 +272,7 @@ def test_a_history_written_by_the_previous_release_migrates_and_keeps_its_verdic
     with sqlite3.connect(path) as con:
         assert con.execute("PRAGMA user_version").fetchone()[0] == H.SCHEMA  # runs() migrated it
         columns = [r[1] for r in con.execute("PRAGMA table_info(runs)")]
-    assert columns[-1] == "reason"
+    assert columns[-2:] == ["reason", "events"]
     after = H.runs(path)
     assert list(after["run_verdict"]) == ["inconclusive", "pass"] and after["reason"].isna().all()
     row = {c: before.iloc[1][c] for c in H.RUN_COLUMNS if c in before} | {

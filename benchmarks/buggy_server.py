@@ -1,0 +1,96 @@
+"""How reliably the default probe catches the reported trigger: `kvdiag serve --allocator
+buggy` (a recycled block keeps its old hash entry on the jump path), probed with the default
+traffic on fresh servers, with the pool the smoke suite sizes (--num-blocks as the tests
+start it) and with the server's default pool. Issue 31 asks for FAIL on every run, each with
+at least 5 corrupted requests.
+
+    python benchmarks/buggy_server.py                        # 10 fresh servers per pool
+    python benchmarks/buggy_server.py --runs 3 --pools smoke
+    python benchmarks/buggy_server.py --runs 1 --record runs.jsonl   # one run, kept
+    python benchmarks/buggy_server.py --report runs.jsonl            # the table of kept runs
+
+Prints one line per run (pool, verdict, corrupted requests, events reached, seconds), then
+per pool: runs that failed / runs, and the fewest corrupted / the least asked for (5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+LEAST = 5  # corrupted requests every run must find (issue 31)
+
+
+def server_args(pool: str) -> list[str]:
+    from tests.kvdiag.serving import smoke_pool
+
+    args = ["--allocator", "buggy", "--max-num-seqs", "16", "--recycled-block-fill", "nan",
+            "--max-model-len", "2048", "--max-num-batched-tokens", "512"]
+    return args + (["--num-blocks", str(smoke_pool())] if pool == "smoke" else [])
+
+
+def one(pool: str) -> dict:
+    from tests.kvdiag.serving import served
+
+    with served(*server_args(pool)) as (url, _), tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        run = subprocess.run([sys.executable, "-m", "kvdiag", "probe", "--base-url", url, "--model",
+                              "canary", "--suite", "smoke", "--out", str(Path(tmp) / "p"), "--json"],
+                             capture_output=True, text=True, cwd=ROOT)
+        seconds = time.perf_counter() - start
+    if not run.stdout.strip():
+        raise SystemExit(f"the probe wrote no summary: {run.stderr[-2000:]}")
+    s = json.loads(run.stdout)
+    return {"pool": pool, "verdict": s["verdict"], "corrupted": s["corrupted_requests"],
+            "reached": sum(r["reached"] for r in s.get("events", [])), "events": len(s.get("events", [])),
+            "pool_blocks": s["server"]["num_blocks"], "seconds": round(seconds, 1)}
+
+
+def show(rows: list[dict]) -> None:
+    for r in rows:
+        print(f"{r['pool']:8} {r['pool_blocks']:>6} blocks  {r['verdict']:12} corrupted {r['corrupted']:3}  "
+              f"events {r['reached']}/{r['events']}  {r['seconds']:6.1f} s", flush=True)
+
+
+def report(rows: list[dict]) -> None:
+    for pool in dict.fromkeys(r["pool"] for r in rows):
+        mine = [r for r in rows if r["pool"] == pool]
+        failed = sum(r["verdict"] == "fail" for r in mine)
+        fewest = min(r["corrupted"] for r in mine)
+        print(f"{pool}: FAIL {failed}/{len(mine)} = {failed / len(mine):.2f}; fewest corrupted "
+              f"{fewest} / {LEAST} asked = {fewest / LEAST:.2f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=10, help="fresh servers per pool")
+    ap.add_argument("--pools", default="smoke,default", help="smoke, default, or both")
+    ap.add_argument("--record", type=Path, help="append each run to this JSON-lines file")
+    ap.add_argument("--report", type=Path, help="only print the table of the runs kept in this file")
+    a = ap.parse_args()
+    if a.report:
+        rows = [json.loads(line) for line in a.report.read_text().splitlines() if line.strip()]
+        show(rows)
+        report(rows)
+        return
+    rows = []
+    for pool in a.pools.split(","):
+        for _ in range(a.runs):
+            rows.append(one(pool))
+            show(rows[-1:])
+            if a.record:
+                with a.record.open("a") as f:
+                    f.write(json.dumps(rows[-1]) + "\n")
+    report(rows)
+
+
+if __name__ == "__main__":
+    main()
