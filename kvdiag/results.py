@@ -93,5 +93,7 @@ class RunResult:
         if self.kind == "regress":
             return {"verdict": data["verdict"], "reason": data["reason"],
                     "run_dir": str(self.run_dir), "cold_cache": data["cold_cache"],
-                    **{k: v for k, v in data["regress"].items() if k not in ("verdict", "reason")}}
+                    **{k: v for k, v in data["regress"].items() if k not in ("verdict", "reason")},
+                    # a live run's lifecycle coverage, as the history keeps it beside the verdict
+                    **({"events": data["events"]} if data.get("events") else {})}
         return data | {"run_dir": str(self.run_dir)}

@@ -60,9 +60,13 @@ def test_probe_passes_the_guarded_server(tmp_path, in_process):
 
     assert_valid_summary(tmp_path / "g", "probe")
     assert summary["ground_truth"]["isolated"] > 0 and summary["ground_truth"]["contaminated"] == 0
-    # the shared phase used the cache: most of every history is a prefix of the next round's
-    # prompt, less what recycling took and what the spread cuts from the shared system prompt
-    assert summary["server_prefix_cache"]["hit_rate"] > 0.3
+    # the shared phase used the cache, and every hit the server counted was one the client's own
+    # prompts allowed (the over-hit oracle). Not "most of every history": on the smoke pool, with a
+    # 512-token step budget, prompts hold their blocks for several steps and preempted requests
+    # query again, so recycling takes much of what the next round would have hit
+    assert summary["server_prefix_cache"]["hit_rate"] > 0.1
+    oracle = summary["key_coverage"]["oracle"]
+    assert oracle["checked"] > 0 and oracle["over_hits"] == 0
     assert in_process["gates"]["trigger/guarded"]["passed"]  # the in-process runner agrees
 
 
