@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from kvdiag.errors import KvdiagError
 from kvdiag.metrics.decay import REFERENCE_ALLOCATORS
 from kvdiag.report.style import CSS as _CSS  # shared with the isolation page
+from kvdiag.verdicts.findings import departure_rounds
 
 if TYPE_CHECKING:
     from pandas import DataFrame
@@ -198,27 +199,6 @@ def _other_departures(table: DataFrame, cases: list[str], main: str):
         departed = departure_rounds(rows) if case != main else {}
         if any(r is not None for r in departed.values()):
             yield case, rows, departed
-
-
-def departure_rounds(table: DataFrame) -> dict[str, int | None]:
-    """series -> first round whose outputs depart from the contiguous reference, or None.
-
-    A round departs when any session's tokens diverge, BLEU-4 falls below 100, or the
-    fact-check pass rate differs from the reference's in that round.
-    """
-    reference = table[table["series"].isin(REFERENCE_ALLOCATORS)]
-    ref_pass = dict(zip(reference["round"], reference["fact_check_pass_rate"]))
-    out: dict[str, int | None] = {}
-    for name, rows in table.groupby("series", sort=False):
-        out[name] = None
-        for rec in rows.sort_values("round").to_dict("records"):
-            ref = ref_pass.get(rec["round"], math.nan)
-            own = rec["fact_check_pass_rate"]
-            if (rec["diverged_sessions"] > 0 or rec["bleu4"] < 100 - 1e-9
-                    or (not math.isnan(ref) and not math.isnan(own) and abs(own - ref) > 1e-9)):
-                out[name] = int(rec["round"])
-                break
-    return out
 
 
 def heatmap_grids(rows: DataFrame) -> tuple[dict, str, str] | None:

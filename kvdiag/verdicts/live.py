@@ -95,6 +95,11 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'s' * (n != 1)}"
 
 
+def _possessive(n: int, word: str) -> str:
+    """'1 request's', '3 requests''"""
+    return f"{n} {word}'s" if n == 1 else f"{n} {word}s'"
+
+
 def judge_probe(e: ProbeEvidence) -> Judgement:
     """A live probe. In order:
     fail          a shared answer decisively departed from its isolated twin (a healthy cache
@@ -142,13 +147,13 @@ def judge_probe(e: ProbeEvidence) -> Judgement:
                         f"{departed} of the {len(compared)} with an isolated twin departed from it "
                         "decisively")
     if e.logprob_departures:
-        findings.append(f"{_plural(len(e.logprob_departures), 'request')}' prompt logprobs departed "
+        findings.append(f"{_possessive(len(e.logprob_departures), 'request')} prompt logprobs departed "
                         "from the cache-isolated run's (rounds "
                         f"{', '.join(map(str, sorted(set(e.logprob_departures))))}): positions served "
                         "from the cache")
     if shifted:
         what, worst = max(shifted, key=lambda x: x[1])
-        findings.append(f"{_plural(len(shifted), 'request')}' first-token distributions moved from "
+        findings.append(f"{_possessive(len(shifted), 'request')} first-token distributions moved from "
                         f"the cache-isolated run's by more than {limit:.2f} nats (the noise floor's "
                         f"bound; worst {worst:.2f}, {what})")
     if findings:

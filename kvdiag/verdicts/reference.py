@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kvdiag.findings import (
+from kvdiag.verdicts.core import Judgement, Verdict
+from kvdiag.verdicts.findings import (
     expected_clean,
     failing_rounds,
     fault_findings,
     guard_gate,
     rows_of,
 )
-from kvdiag.verdicts.core import Judgement, Verdict
 from kvdiag.vocab import CONTIGUOUS, GUARD_LOG_LINE
 
 

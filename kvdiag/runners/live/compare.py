@@ -11,7 +11,7 @@ import math
 
 from kvdiag.plan import CasePlan
 from kvdiag.runners.live.differential import DIFF_ISOLATED
-from kvdiag.runners.live.lifecycle import LIFE, LIFE_ISOLATED
+from kvdiag.runners.live.lifeplan import LIFE, LIFE_ISOLATED
 from kvdiag.runners.live.phases import (
     FLOOR,
     ISOLATED,

@@ -152,28 +152,6 @@ class Endpoint(ServerIdentity):
             logprobs=[x if x is not None else 0.0 for x in lp.get("token_logprobs") or []],
             finish_reason=choice.get("finish_reason"), **_usage(data)), sent)
 
-    async def stream_and_close(self, token_ids: list[int], after: int | None, *,
-                               cache_salt: str | None = None, max_tokens: int = 64) -> dict:
-        """A streamed completion the client closes after `after` generated tokens (0: before
-        the first; None: read to the end): the server sees a client go away mid-prefill or
-        mid-decode. Returns when it was sent, when its first token came (None: none came
-        before the close) and closed, and how many tokens came."""
-        body = {"model": self.model, "prompt": list(token_ids), "max_tokens": max_tokens,
-                "temperature": 0.0, "stream": True} | ({"cache_salt": cache_salt} if cache_salt else {})
-        sent, first, seen = time.time(), None, 0
-        async with self.client.stream("POST", "/v1/completions", json=body) as r:
-            if r.status_code != 200:
-                raise EndpointError(f"streamed completion answered HTTP {r.status_code}")
-            if after != 0:
-                async for line in r.aiter_lines():
-                    if not line.startswith("data:") or line.strip() == "data: [DONE]":
-                        continue
-                    seen += 1
-                    first = first or time.time()
-                    if after is not None and seen >= after:
-                        break
-        return {"sent": sent, "first_token": first, "closed": time.time(), "tokens_seen": seen}
-
     async def prompt_logprobs(self, token_ids: list[int], *, cache_salt: str | None = None,
                               model: str | None = None) -> ChatResult:
         """The logprob of every prompt token (vLLM's prompt_logprobs=0: the token's own
@@ -237,7 +215,8 @@ class Endpoint(ServerIdentity):
             return None
 
     def metrics(self) -> dict[str, float]:
-        """Counters from /metrics, summed over label sets (empty when the endpoint has none)."""
+        """Counters from /metrics, summed over label sets (empty when the endpoint has none); a
+        counter declared without a sample yet reads 0."""
         r = self._sync("GET", "/metrics")
         if r.status_code != 200:
             return {}
@@ -245,6 +224,10 @@ class Endpoint(ServerIdentity):
 
         out: dict[str, float] = {}
         for family in text_string_to_metric_families(r.text):
+            if family.type == "counter" and not family.samples:
+                # a labelled counter is declared before its first increment (SGLang's
+                # retractions): it is there, at zero
+                out.setdefault(f"{family.name}_total", 0.0)
             for sample in family.samples:
                 if sample.labels.get("model_name") not in (None, self.model):
                     continue

@@ -7,7 +7,7 @@ kvdiag.verdicts decides what a missing event means for the verdict (--require).
 
 from __future__ import annotations
 
-from kvdiag.runners.live.lifecycle import LIFE, LifePlan
+from kvdiag.runners.live.lifeplan import LIFE, LifePlan
 from kvdiag.runners.live.phases import SHARED, TWIN
 from kvdiag.vocab import EVENTS
 
@@ -66,7 +66,7 @@ def _early_free(store, recycling: dict) -> dict:
 
 def _preemption(by_group: dict, before: dict, after: dict, skipped: dict) -> dict:
     n = _delta(PREEMPTIONS, before, after)
-    exposed = sum(len(by_group.get(g, [])) for g in ("flood", "return"))
+    exposed = sum(len(by_group.get(g, [])) for g in ("flood", "return", "follow"))
     if "flood" in skipped and not n:
         return _row("preemption", False, f"not driven: {skipped['flood']}", 0)
     if n is None:
@@ -83,7 +83,9 @@ def _cancels(observed: dict, by_group: dict, before: dict, after: dict) -> list[
         done = [c for c in observed.get("cancels", []) if c["group"] == event]
         if event == "cancel-prefill":
             hit = [c for c in done if c["first_token"] is None]
-            what = "closed before their first token"
+            by_rid = sum(c.get("aborted") is not None for c in hit)
+            what = "closed before their first token" + (
+                f" ({by_rid} aborted through the server's abort API before it)" if by_rid else "")
         else:
             hit = [c for c in done if c["tokens_seen"] >= 1]
             what = "closed after tokens had come"
@@ -113,17 +115,21 @@ def _chunk(observed: dict, by_group: dict, life: LifePlan | None, skipped: dict)
 def _backlog(observed: dict, by_group: dict) -> dict:
     most = (observed.get("sampled") or {}).get("max_waiting")
     at = observed.get("return_sent_waiting")
-    returning = len(by_group.get("return", []))
+    returning = len(by_group.get("return", [])) + len(by_group.get("follow", []))
     if most is None:
         return _row("backlog", False, "unknown: the server reports no waiting-request gauge", returning)
     return _row("backlog", most > 0, f"up to {most:g} requests waiting (sampled /metrics); "
-                f"{at if at is not None else 'unknown'} waiting when the returning sessions were sent",
+                f"{at if at is not None else 'unknown'} waiting when the returning sessions and the flood's "
+                "followers were sent",
                 returning, {"max_waiting": most})
 
 
 def _dedup(by_group: dict, life: LifePlan | None) -> dict:
-    """Reached where a burst's requests were all in flight together and at least two of them
-    computed the shared prefix themselves (reported under half of it cached)."""
+    """Reached where a burst's requests (one prefix under a fresh salt, so uncached when sent)
+    were all in flight together and either two or more computed the prefix themselves (an
+    engine that prefills duplicates side by side, as SGLang does before it frees one copy), or
+    one computed it and the others hit it while that request was still running (an engine
+    that publishes a prefix's blocks when it allocates them, as vLLM does)."""
     rows = by_group.get("dedup", [])
     if not rows or life is None:
         return _row("concurrent-prefill", False, "not driven", 0)
@@ -133,8 +139,9 @@ def _dedup(by_group: dict, life: LifePlan | None) -> dict:
         burst = [r for r in rows if r["salt"] == salt]
         together = max(r["sent"] for r in burst) < min(r["done"] for r in burst)
         computed = sum((r.get("cached_tokens") or 0) < prefix // 2 for r in burst)
-        reached |= together and computed >= 2
+        reached |= together and computed >= 1 and len(burst) >= 2
         said.append(f"{computed} of {len(burst)}" + ("" if together else " (not all in flight together)"))
-    return _row("concurrent-prefill", reached, f"{len(rows) // len(said)} requests with one {prefix}-token "
-                f"prefix sent at once, {len(said)} times: {', '.join(said)} computed it themselves "
-                "(reported under half of it cached)", len(rows))
+    return _row("concurrent-prefill", reached, f"{len(rows) // len(said)} requests with one uncached "
+                f"{prefix}-token prefix sent at once, {len(said)} times: {', '.join(said)} computed it "
+                "themselves (reported under half of it cached), the others hit it while it was being "
+                "computed or decoded", len(rows))

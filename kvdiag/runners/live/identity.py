@@ -65,6 +65,12 @@ class ServerIdentity:
         """SGLang's GET /server_info (page_size, max_total_num_tokens, version), or {}."""
         return self._json("/server_info") or self._json("/get_server_info") or {}
 
+    @property
+    def abort_api(self) -> bool:
+        """Whether the server aborts a request by the rid its client gave it (SGLang's POST
+        /abort_request; vLLM aborts when the client goes, and has no such endpoint)."""
+        return self._identity[0] == "sglang"
+
     def identity(self) -> dict:
         """{"name": vllm | sglang | kvdiag-serve | the OpenAPI title, "version"}."""
         name, version = self._identity

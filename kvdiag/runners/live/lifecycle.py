@@ -11,9 +11,13 @@ differential phase's; this one is a correct key over the wrong bytes, at one eve
     return       the warm prompts extended, sent while the flood      backlog (a lookup made
                  waits: returning sessions whose cached blocks the       while admission fails)
                  flood is recycling
-    revisit      the warm and returning prompts again, after the      recycle (a prefix whose
-                 flood: prefixes whose blocks were recycled               blocks were recycled,
-                                                                         asked again)
+    follow       each flood prompt extended, sent while the flood     backlog, preemption (a
+                 runs: lookups that hit blocks held by running           lookup over blocks in
+                 decodes, which preemption may free and recycle           flux)
+                 before the follower is admitted
+    revisit      the warm, returning and flood prompts again, after   recycle, preemption (what
+                 the flood: prefixes whose blocks were recycled, and     the events left behind
+                 blocks that preempted and resumed requests wrote         under a correct key)
     dedup        one uncached prefix with distinct tails, all sent    concurrent-prefill
                  at the same instant under one salt, queued behind
                  the chunk group's long prefill
@@ -33,112 +37,20 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
+from kvdiag.runners.live.cancel import stream_and_close
 from kvdiag.runners.live.endpoint import Endpoint
+from kvdiag.runners.live.lifeplan import (
+    CANCEL_PREFILLS,
+    COPY_DELAYS,
+    LIFE,
+    LIFE_ISOLATED,
+    LifePlan,
+    LifeRequest,
+)
 from kvdiag.runners.live.store import RoundStore
-from reference_engine.util import cdiv
 
-LIFE, LIFE_ISOLATED = "life", "life-isolated"
-OVERCOMMIT = 1.25  # the flood's prompts hold this many pools' worth of tokens
-MAX_FLOOD = 48  # at most this many flood requests: a pool that needs more is not flooded
-MAX_PROMPT = 8192  # no lifecycle prompt is longer (prefill on a CPU costs)
-ANSWER = 16  # tokens every non-flood request generates
-COPY_DELAYS = (0.005, 0.01, 0.015, 0.02, 0.03)  # seconds between a chunked prefill's copies
-
-
-@dataclass(frozen=True)
-class LifeRequest:
-    """One request of the phase: `ids` under salt `<run salt>-<salt>`, in `group`."""
-
-    j: int
-    group: str
-    ids: tuple[int, ...]
-    max_tokens: int
-    salt: str
-    ignore_eos: bool = False
-
-
-@dataclass(frozen=True)
-class LifePlan:
-    requests: tuple[LifeRequest, ...]
-    skipped: dict  # group -> why it is not sent on this server
-    sizing: dict  # the figures the plan was sized from
-
-    def group(self, name: str) -> list[LifeRequest]:
-        return [q for q in self.requests if q.group == name]
-
-
-def plan_lifecycle(material: list[int], block_size: int, num_blocks: int | None,
-                   max_model_len: int | None, chunk: int | None, concurrency: int) -> LifePlan:
-    """The phase's requests for a server with this pool, context and prefill chunk. Pure: a
-    resumed probe plans the same requests. `material`: token ids (the suite's prompts)."""
-    longest = min(MAX_PROMPT, (max_model_len or MAX_PROMPT) - 4 * block_size - ANSWER)
-    requests: list[LifeRequest] = []
-    skipped: dict[str, str] = {}
-    cut = _Cutter(material)
-
-    def add(group: str, ids, max_tokens: int = ANSWER, salt: str | None = None, eos: bool = False):
-        requests.append(LifeRequest(len(requests), group, tuple(ids), max_tokens,
-                                    salt or f"{group}-{len(requests)}", eos))
-
-    warm = [cut.take(min(longest, 12 * block_size) - 3 * k) for k in range(max(4, concurrency // 2))]
-    for ids in warm:
-        add("warm", ids, 8)
-    pool_tokens = num_blocks * block_size if num_blocks else None
-    flood = 0
-    if pool_tokens is None:
-        skipped["flood"] = "the server's pool is unknown (no vllm:cache_config_info or /server_info)"
-    else:
-        length = min(longest * 2 // 3, max(8 * block_size, cdiv(int(OVERCOMMIT * pool_tokens), concurrency)))
-        flood = cdiv(int(OVERCOMMIT * pool_tokens), length)
-        if flood > MAX_FLOOD:
-            skipped["flood"] = (f"the pool ({num_blocks} blocks of {block_size}) needs {flood} "
-                                f"prompts of {length} tokens to overcommit (at most {MAX_FLOOD})")
-            flood = 0
-        # the admitted prompts leave less than one prompt's blocks free; the pool holds about
-        # pool/length of them, so each decoding 2 * length^2 / pool tokens outgrows that twice
-        # over, and the server must preempt
-        decode = min(longest - length, max(4 * block_size, cdiv(2 * length * length, pool_tokens)))
-        for _ in range(flood):
-            add("flood", cut.take(length), decode, eos=True)
-    for q in [q for q in requests if q.group == "warm"]:
-        add("return", q.ids + tuple(cut.take(block_size + 5)), salt=q.salt)
-    for q in [q for q in requests if q.group in ("warm", "return")]:
-        add("revisit", q.ids, salt=q.salt)
-    # two bursts, each small enough to be admitted as one batch: one with the flood (queued
-    # behind it), one behind the chunk group's long prefill (beside one of its chunks)
-    for burst in ("dedup-flood", "dedup-chunk"):
-        prefix = cut.take(min(longest, 4 * block_size + 3))
-        for _ in range(4):
-            add("dedup", prefix + cut.take(5), 8 * block_size, salt=burst, eos=True)
-    want = min(longest, 8 * chunk + block_size // 2) if chunk else longest
-    if chunk and want <= 2 * chunk:  # a copy must be able to arrive with two chunks to go
-        skipped["chunk"] = (f"the server's prefill chunk ({chunk} tokens) is over half the "
-                            f"longest prompt its context allows here ({longest})")
-    else:
-        ids = cut.take(want)
-        for _ in range(1 + len(COPY_DELAYS)):  # the first streamed as traffic, its copies judged
-            add("chunk", ids, salt="chunk")
-    for when in ("prefill", "decode"):
-        for _ in range(2):
-            add(f"cancel-{when}", cut.take(min(longest, 96 * block_size)))
-    return LifePlan(tuple(requests), skipped, {"pool_tokens": pool_tokens, "flood_requests": flood,
-                                               "longest_prompt": longest, "prefill_chunk": chunk})
-
-
-class _Cutter:
-    """Consecutive windows of the material, wrapping around, each shifted by one token from
-    the last so no two windows are equal."""
-
-    def __init__(self, material: list[int]) -> None:
-        self.material, self.at = material or [1], 0
-
-    def take(self, n: int) -> list[int]:
-        n = max(1, n)
-        out = [self.material[(self.at + i) % len(self.material)] for i in range(n)]
-        self.at = (self.at + n + 1) % len(self.material)
-        return out
+REVISIT_BATCH = 4  # revisits in flight at once
 
 
 async def lifecycle_phase(endpoint: Endpoint, life: LifePlan, store: RoundStore, run_salt: str,
@@ -157,6 +69,9 @@ async def lifecycle_phase(endpoint: Endpoint, life: LifePlan, store: RoundStore,
         store.add(LIFE, q.j, 0, res, group=q.group, salt=q.salt, **extra)
         tick()
 
+    def after(q: LifeRequest) -> bool:  # a follower or revisit goes where its earlier request went
+        return q.of is None or (LIFE, q.of, 0) in store.done
+
     await asyncio.gather(*(one(q) for q in life.group("warm")))
     sampler = _Sampler(endpoint)
     task = asyncio.create_task(sampler.run())
@@ -165,21 +80,40 @@ async def lifecycle_phase(endpoint: Endpoint, life: LifePlan, store: RoundStore,
                                *(one(q) for q in life.group("dedup") if q.salt == "dedup-flood"))
         await asyncio.sleep(0.5 if life.group("flood") else 0.0)  # the flood is admitted first
         observed["return_sent_waiting"] = sampler.latest_waiting
-        await asyncio.gather(flood, *(one(q) for q in life.group("return")))
+        await asyncio.gather(flood, *(one(q) for q in life.group("return") + life.group("follow")))
     finally:
         sampler.stop = True
         await task
     observed["sampled"] = sampler.summary()
-    await asyncio.gather(*(one(q) for q in life.group("revisit")))
+    await _revisit([q for q in life.group("revisit") if after(q)], store, one)
     await _chunked(life.group("chunk"), [q for q in life.group("dedup") if q.salt == "dedup-chunk"],
                    one, endpoint, run_salt, observed)
-    for q in life.group("cancel-prefill") + life.group("cancel-decode"):
+    prefill = _prefill_seconds(observed.get("chunk"), life)
+    for k, q in enumerate(life.group("cancel-prefill") + life.group("cancel-decode")):
         if (LIFE, q.j, 0) in store.done:
             continue
-        seen = await endpoint.stream_and_close(list(q.ids), 0 if q.group == "cancel-prefill" else 4,
-                                               cache_salt=f"{run_salt}-{q.salt}")
+        # where the server aborts by rid, the k-th cancel-prefill lands k+1 eighths of the way
+        # through its prefill, timed by the chunk group's lead (per token; that prefill shared
+        # its steps with the dedup burst, so it takes about twice this one's)
+        abort_after = (None if q.group != "cancel-prefill" or prefill is None else
+                       prefill * len(q.ids) * (k + 1) / (CANCEL_PREFILLS + 2))
+        seen = await stream_and_close(endpoint, list(q.ids), 0 if q.group == "cancel-prefill" else 4,
+                                               cache_salt=f"{run_salt}-{q.salt}", abort_after=abort_after)
         observed.setdefault("cancels", []).append({"j": q.j, "group": q.group} | seen)
         await one(q, cancelled_tokens=seen["tokens_seen"])
+
+
+async def _revisit(revisits: list[LifeRequest], store: RoundStore, one) -> None:
+    """The revisits, the prefix whose request finished last first, a few at a time: a revisit
+    that misses allocates a whole prompt's blocks and evicts the least recently freed, so
+    sent at once they evict each other's prefixes before they are read. The last to finish
+    are the ones an event held longest (preempted and resumed, or queued behind the flood)."""
+    def finished(q: LifeRequest) -> float:
+        return (store.done.get((LIFE, q.of, 0)) or {}).get("done") or 0.0
+
+    ordered = sorted(revisits, key=finished, reverse=True)
+    for k in range(0, len(ordered), REVISIT_BATCH):
+        await asyncio.gather(*(one(q) for q in ordered[k:k + REVISIT_BATCH]))
 
 
 async def _chunked(requests: list[LifeRequest], dedup: list[LifeRequest], one, endpoint: Endpoint,
@@ -191,7 +125,7 @@ async def _chunked(requests: list[LifeRequest], dedup: list[LifeRequest], one, e
         await asyncio.gather(*(one(q) for q in dedup))
         return
     first, followers = requests[0], requests[1:]
-    lead = asyncio.create_task(endpoint.stream_and_close(list(first.ids), None,
+    lead = asyncio.create_task(stream_and_close(endpoint, list(first.ids), None,
                                                          cache_salt=f"{run_salt}-{first.salt}"))
     await asyncio.sleep(0.002)
     tasks, sent = [asyncio.create_task(one(q)) for q in dedup], []
@@ -202,6 +136,15 @@ async def _chunked(requests: list[LifeRequest], dedup: list[LifeRequest], one, e
     seen = await lead
     await asyncio.gather(*tasks)
     observed["chunk"] = seen | {"followers_sent": sent}
+
+
+def _prefill_seconds(chunk: dict | None, life: LifePlan) -> float | None:
+    """Seconds a prompt token took to prefill in the chunk group's lead (sent to its first
+    token, over its length), or None where it was not measured."""
+    lead = life.group("chunk")
+    if not chunk or not lead or chunk.get("first_token") is None:
+        return None
+    return max(0.0, chunk["first_token"] - chunk["sent"]) / len(lead[0].ids)
 
 
 class _Sampler:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import itertools
 import json
 import time
 import uuid
@@ -18,6 +19,7 @@ from kvdiag.errors import KvdiagError
 from kvdiag.runners.live import compare as C
 from kvdiag.runners.live import differential as D
 from kvdiag.runners.live import lifecycle as L
+from kvdiag.runners.live import lifeplan as LP
 from kvdiag.runners.live import phases as P
 from kvdiag.runners.live.connect import connect, counters_since, isolation
 from kvdiag.runners.live.coverage import differential_records, key_coverage
@@ -130,7 +132,7 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
 
 
 def _plan_lifecycle(endpoint: Endpoint, plan, server: ServerCache, possible: bool,
-                    settings: P.ProbeSettings, warn: Callable[[str], None]) -> L.LifePlan | None:
+                    settings: P.ProbeSettings, warn: Callable[[str], None]) -> LP.LifePlan | None:
     """The lifecycle phase's requests for this server, or None where it does not run (asked
     off, the differential phase alone, or no salts or token ids to keep its requests apart)."""
     if not settings.lifecycle or settings.differential_only:
@@ -140,9 +142,11 @@ def _plan_lifecycle(endpoint: Endpoint, plan, server: ServerCache, possible: boo
              "are reported not reached")
         return None
     context, chunk = L.server_limits(endpoint, settings.prefill_chunk)
-    material = [t for session in plan.prompts for t in session[-1]]
-    return L.plan_lifecycle(material, server.block_size, server.num_blocks, context, chunk,
-                            settings.concurrency)
+    last = [session[-1] for session in plan.prompts]
+    material = [t for prompt in last for t in prompt]
+    ends = tuple(itertools.accumulate(len(prompt) for prompt in last))
+    return LP.plan_lifecycle(material, server.block_size, server.num_blocks, context, chunk,
+                             settings.concurrency, ends)
 
 
 def _plan(endpoint: Endpoint, suite: Suite, case: Case, server: ServerCache,
@@ -170,7 +174,7 @@ def _plan(endpoint: Endpoint, suite: Suite, case: Case, server: ServerCache,
 
 async def _phases(endpoint: Endpoint, plan, store: RoundStore, settings: P.ProbeSettings,
                   salted: bool, pressure: list[int], meta: dict, meta_path: Path,
-                  progress: Callable[[str, int, int], None] | None, life: L.LifePlan | None) -> dict:
+                  progress: Callable[[str, int, int], None] | None, life: LP.LifePlan | None) -> dict:
     """The differential phase first (one request at a time, its own salts); then the shared,
     isolated, noise-floor (and prompt-logprob) phases, or none of them with
     `differential_only`. Returns the server's counters after the shared phase."""

@@ -66,6 +66,13 @@ def test_probe_of_sglang_local(fault, tmp_path):
         assert summary["verdict"] == "pass" and summary["corrupted_requests"] == 0
         assert summary["recycling"]["observed"], summary["recycling"]
         assert "PLANTED FAULT" not in log
+        # every event of a block's life but preemption: SGLang admits against a reserve for each
+        # running request's remaining tokens and queued the flood instead of retracting
+        # (docs/faults.md, measured), and its retraction counter has no sample until one happens
+        missing = [r["event"] for r in summary["events"] if not r["reached"]]
+        assert missing in ([], ["preemption"]), summary["events"]
+        cancel = {r["event"]: r for r in summary["events"]}["cancel-prefill"]
+        assert "abort API" in cancel["evidence"]  # SGLang aborted by rid, not at its 1 s poll
         return
     assert "PLANTED FAULT stale-node" in log
     assert code == 1, err[-2000:]

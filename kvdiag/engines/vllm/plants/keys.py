@@ -8,6 +8,7 @@ from collections.abc import Callable
 from kvdiag.engines.vllm.plants.patching import (
     Undo,
     both,
+    rehash_shared,
     swap_attr,
     wrap_extra_keys,
     wrap_hash,
@@ -53,7 +54,9 @@ def double_free() -> Undo:
     `ref_cnt == 0` assertion and touch()'s queue removal never fire: a holder's later free
     of a block already at ref_cnt 0 is skipped, and a block listed twice in one free is
     released once (without that, a live server crashed in get_new_blocks: the block went
-    back to the queue at ref_cnt -1)."""
+    back to the queue at ref_cnt -1), and a recycled block its new holder hashes while an old
+    holder still hashes it overwrites the old hash (patching.rehash_shared: without it the
+    lifecycle phase's flood crashed vLLM on cache_full_blocks' assertion)."""
     from vllm.v1.core.block_pool import BlockPool
 
     original = BlockPool.free_blocks
@@ -70,7 +73,7 @@ def double_free() -> Undo:
                 block.ref_cnt = 1  # FAULT: the decrement below frees it for every holder
                 kept.append(block)
         original(self, kept)
-    return swap_attr(BlockPool, "free_blocks", free_blocks)
+    return both(swap_attr(BlockPool, "free_blocks", free_blocks), rehash_shared())
 
 
 def weak_hash(bits: int = WEAK_HASH_BITS) -> Undo:

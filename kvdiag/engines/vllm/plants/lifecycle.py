@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 
-from kvdiag.engines.vllm.plants.patching import Undo, both, swap_attr
+from kvdiag.engines.vllm.plants.patching import Undo, both, rehash_shared, swap_attr
 
 
 def published_before_written() -> Undo:
@@ -115,7 +115,8 @@ def ref_undercount() -> Undo:
 
     vLLM's invariants are kept as double-free keeps them: a later free of a block already at
     ref_cnt 0 is skipped, and a block a request lists twice (the pool handed the reader its
-    own mapped block) is released once."""
+    own mapped block) is released once, and two holders hashing one block overwrite each
+    other (patching.rehash_shared)."""
     from vllm.v1.core.block_pool import BlockPool
 
     touch, free_blocks = BlockPool.touch, BlockPool.free_blocks
@@ -133,7 +134,7 @@ def ref_undercount() -> Undo:
                 kept.append(block)
         free_blocks(self, kept)
     return both(swap_attr(BlockPool, "touch", touch_blocks),
-                swap_attr(BlockPool, "free_blocks", release))
+                swap_attr(BlockPool, "free_blocks", release), rehash_shared())
 
 
 PLANTS = {

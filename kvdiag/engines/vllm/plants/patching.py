@@ -84,3 +84,25 @@ def wrap_hash(edit: Callable) -> Undo:
     return swap_function(utils, "hash_block_tokens", hash_block_tokens)
 
 
+
+
+def rehash_shared() -> Undo:
+    """BlockPool.cache_full_blocks over a block another holder has already hashed at the same
+    or a later position: the old hash is dropped first, as an engine without vLLM's
+    partial->full assertion would overwrite it. Only a use-after-free fault makes such a block
+    (two requests writing one block); with this, vLLM serves the wrong answers silently instead
+    of dying on the assertion, which is what the fault's real reports describe."""
+    from vllm.v1.core.block_pool import BlockPool
+
+    original = BlockPool.cache_full_blocks
+
+    def cache_full_blocks(self, request, blocks, num_cached_blocks, num_full_blocks, block_size,
+                          *args, **kwargs):
+        for i in range(num_cached_blocks, min(num_full_blocks, len(blocks))):
+            blk = blocks[i]
+            held = getattr(blk, "block_hash_num_tokens", None)
+            if not blk.is_null and blk.block_hash is not None and (held is None or held >= (i + 1) * block_size):
+                self._remove_cached_block_hashes(blk)  # FAULT: the other holder's hash overwritten
+        return original(self, request, blocks, num_cached_blocks, num_full_blocks, block_size,
+                        *args, **kwargs)
+    return swap_attr(BlockPool, "cache_full_blocks", cache_full_blocks)

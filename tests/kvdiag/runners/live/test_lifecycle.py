@@ -3,6 +3,7 @@ the second channel's distance, and how the judge reads the coverage table and to
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 from kvdiag.commands.probe import parse_events
 from kvdiag.errors import KvdiagError
 from kvdiag.runners.live.compare import topk_distance
-from kvdiag.runners.live.lifecycle import OVERCOMMIT, plan_lifecycle
+from kvdiag.runners.live.lifeplan import OVERCOMMIT, plan_lifecycle
 from kvdiag.verdicts import ProbeEvidence, Verdict, judge_probe
 from kvdiag.vocab import EVENTS
 
@@ -45,12 +46,23 @@ def test_the_plan_is_pure_and_keeps_its_groups_apart():
     salts = {}
     for q in a.requests:
         salts.setdefault(q.salt, set()).add(q.group)
-    # a salt is one group's, except the returning sessions and revisits, which come back to a prefix
-    assert all(groups <= {"warm", "return", "revisit"} or len(groups) == 1 for groups in salts.values())
-    warm, back = a.group("warm"), a.group("return")
-    assert [q.salt for q in warm] == [q.salt for q in back]
-    assert all(r.ids[:len(w.ids)] == w.ids and len(r.ids) > len(w.ids) for w, r in zip(warm, back))
-    assert [(q.ids, q.salt) for q in a.group("revisit")] == [(q.ids, q.salt) for q in warm + back]
+    # a salt is one group's, except the requests that come back to a prefix: returning sessions,
+    # the flood's followers, and revisits
+    assert all(groups <= {"warm", "return", "revisit"} or groups <= {"flood", "follow", "revisit"}
+               or len(groups) == 1
+               for groups in salts.values())
+    warm, back, follow = a.group("warm"), a.group("return"), a.group("follow")
+    flood = a.group("flood")
+    assert flood and [q.salt for q in warm] == [q.salt for q in back]
+    assert [q.salt for q in flood] == [q.salt for q in follow] and [q.of for q in follow] == [q.j for q in flood]
+    for earlier, later in zip(warm + flood, back + follow):  # each extends its prefix past a block
+        assert later.ids[:len(earlier.ids)] == earlier.ids and len(later.ids) > len(earlier.ids) + 16
+        assert not later.ignore_eos
+    # after the flood, every prefix an event touched is asked again as it was, if it was sent
+    revisit = a.group("revisit")
+    assert [(q.ids, q.salt) for q in revisit] == [(q.ids, q.salt) for q in warm + flood + back]
+    assert all(a.requests[q.of].ids == q.ids for q in revisit)
+    assert not any(q.ignore_eos for q in revisit)
     for salt in ("dedup-flood", "dedup-chunk"):  # two bursts, each one prefix, distinct tails
         dedup = [q for q in a.group("dedup") if q.salt == salt]
         common = min(len(q.ids) for q in dedup) - 5
@@ -60,6 +72,25 @@ def test_the_plan_is_pure_and_keeps_its_groups_apart():
     assert len({q.ids for q in chunk}) == 1 and len(chunk[0].ids) > 512
     others = [q.ids for q in a.requests if q.group in ("warm", "flood", "cancel-prefill", "cancel-decode")]
     assert len(set(others)) == len(others)
+
+
+def test_the_long_prompts_end_on_a_conversations_last_question():
+    """flood, chunk and cancel prompts end where a prompt of the suite ends (its question),
+    each distinct, cycling through the prompts a token shorter each lap."""
+    prompts = [list(range(1000 + 700 * k, 1000 + 700 * k + 600 + 17 * k)) for k in range(6)]
+    material = [t for p in prompts for t in p]
+    ends = tuple(itertools.accumulate(len(p) for p in prompts))
+    life = plan_lifecycle(material, 16, 805, 2048, 512, 16, ends)
+    lasts = {p[-1] for p in prompts}
+    long = life.group("flood") + life.group("chunk")[:1] + life.group("cancel-prefill") + life.group("cancel-decode")
+    assert len(long) > len(prompts)  # more than one lap
+    assert all(q.ids[-1] in lasts for q in long)
+    for q in long:  # each is the tail of one contiguous stretch of the material, up to a prompt's end
+        end = material.index(q.ids[-1]) + 1
+        assert list(q.ids) == [material[(end - len(q.ids) + i) % len(material)] for i in range(len(q.ids))]
+    assert len({q.ids for q in long}) == len(long)
+    # without ends, plain windows, as before
+    assert plan_lifecycle(material, 16, 805, 2048, 512, 16) != life
 
 
 def test_what_cannot_be_driven_is_named():

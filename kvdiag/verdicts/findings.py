@@ -8,8 +8,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kvdiag.vocab import BRAI_MAX, CLEAN_ALLOCATORS, CONTIGUOUS, VLLM
+
+if TYPE_CHECKING:
+    from pandas import DataFrame
 
 
 @dataclass
@@ -102,3 +106,26 @@ def rows_of(rounds: list[dict], case: str, name: str) -> tuple[list[dict], list[
         # baseline is no anomaly signal for it
         rows = [{**r, "brai": None} for r in rows]
     return rows, series(rows_of_case, case, CONTIGUOUS)
+
+
+def departure_rounds(table: DataFrame) -> dict[str, int | None]:
+    """series -> first round whose outputs depart from the contiguous reference, or None.
+
+    A round departs when any session's tokens diverge, BLEU-4 falls below 100, or the
+    fact-check pass rate differs from the reference's in that round.
+    """
+    from kvdiag.metrics.decay import REFERENCE_ALLOCATORS
+
+    reference = table[table["series"].isin(REFERENCE_ALLOCATORS)]
+    ref_pass = dict(zip(reference["round"], reference["fact_check_pass_rate"]))
+    out: dict[str, int | None] = {}
+    for name, rows in table.groupby("series", sort=False):
+        out[name] = None
+        for rec in rows.sort_values("round").to_dict("records"):
+            ref = ref_pass.get(rec["round"], math.nan)
+            own = rec["fact_check_pass_rate"]
+            if (rec["diverged_sessions"] > 0 or rec["bleu4"] < 100 - 1e-9
+                    or (not math.isnan(ref) and not math.isnan(own) and abs(own - ref) > 1e-9)):
+                out[name] = int(rec["round"])
+                break
+    return out
