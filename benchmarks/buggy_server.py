@@ -51,13 +51,15 @@ def one(pool: str) -> dict:
     s = json.loads(run.stdout)
     return {"pool": pool, "verdict": s["verdict"], "corrupted": s["corrupted_requests"],
             "reached": sum(r["reached"] for r in s.get("events", [])), "events": len(s.get("events", [])),
+            "missing": [r["event"] for r in s.get("events", []) if not r["reached"]],
             "pool_blocks": s["server"]["num_blocks"], "seconds": round(seconds, 1)}
 
 
 def show(rows: list[dict]) -> None:
     for r in rows:
         print(f"{r['pool']:8} {r['pool_blocks']:>6} blocks  {r['verdict']:12} corrupted {r['corrupted']:3}  "
-              f"events {r['reached']}/{r['events']}  {r['seconds']:6.1f} s", flush=True)
+              f"events {r['reached']}/{r['events']}  {r['seconds']:6.1f} s"
+              + (f"  (not reached: {', '.join(r['missing'])})" if r.get("missing") else ""), flush=True)
 
 
 def report(rows: list[dict]) -> None:

@@ -63,7 +63,7 @@ def run_fleet(fleet: Fleet, run_dir: Path, *, resume: bool = False, ray_address:
     plan = {"fleet": str(fleet.path.resolve()), "history": str(fleet.history.resolve()),
             "baseline": str(fleet.baseline.resolve()),
             "targets": [{"name": t.name, "spec": t.spec, "kind": t.kind} for t in fleet.targets],
-            "cells": [asdict(c) | {"id": c.id} for c in fleet.cells]}
+            "cells": [c.model_dump() | {"id": c.id} for c in fleet.cells]}
     (run_dir / "fleet.json").write_text(json.dumps(plan, indent=2) + "\n")
     from kvdiag.regress import history as H
 
@@ -97,19 +97,22 @@ def _start_ray(address: str | None, num_cpus: int | None) -> None:
         import ray
     except ImportError:
         raise KvdiagError("kvdiag fleet needs Ray: pip install 'kvdiag[fleet]'") from None
-    for attempt in range(1, START_ATTEMPTS + 1):
-        try:
-            if address:  # join an existing cluster (ray up, KubeRay): its workers must have kvdiag
-                ray.init(address=address, log_to_driver=False)
-            else:  # the embedded default: a local Ray on this machine, stopped at the end
-                ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
-                         log_to_driver=False)
-            return
-        except Exception as e:  # Ray gives its raylet 30 s to register: a loaded machine misses it
-            ray.shutdown()
-            if address or attempt == START_ATTEMPTS:
-                where = address or "locally"
-                raise KvdiagError(f"Ray could not start {where}: {str(e).splitlines()[0]}") from None
+    import tenacity
+
+    def give_up(state: tenacity.RetryCallState) -> None:
+        ray.shutdown()
+        first = str(state.outcome.exception()).splitlines()[0]
+        raise KvdiagError(f"Ray could not start {address or 'locally'}: {first}") from None
+
+    # join an existing cluster (ray up, KubeRay: its workers must have kvdiag), tried once; or
+    # the embedded default, a local Ray on this machine stopped at the end, started again at
+    # once after a failure (Ray gives its raylet 30 s to register: a loaded machine misses it)
+    where = {"address": address} if address else {"num_cpus": num_cpus or os.cpu_count(),
+                                                  "include_dashboard": False}
+    tenacity.Retrying(stop=tenacity.stop_after_attempt(1 if address else START_ATTEMPTS),
+                      retry=tenacity.retry_if_exception_type(Exception),
+                      before_sleep=lambda _: ray.shutdown(), retry_error_callback=give_up)(
+        ray.init, log_to_driver=False, **where)
 
 
 def _finished(fleet: Fleet, run_dir: Path) -> dict[str, Outcome]:

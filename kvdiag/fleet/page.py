@@ -2,11 +2,11 @@
 targets x (suite, case), each cell's verdict (PASS, FAIL, INCONCLUSIVE, ERROR) with its worst
 metric or its reason and a link to that
 cell's own report.html, and each target's SQDR over its past runs from the history (an
-inline SVG line, failed runs marked)."""
+inline matplotlib SVG, each run's verdict marked). The page is a jinja2 template, autoescaped."""
 
 from __future__ import annotations
 
-import html
+import functools
 import json
 from pathlib import Path
 
@@ -15,6 +15,7 @@ from kvdiag.errors import KvdiagError
 COLORS = {"PASS": "#d4edda", "FAIL": "#f8d7da", "INCONCLUSIVE": "#fde9c8", "ERROR": "#e9d5ff",
           "NOT RUN": "#eeeeee"}
 TREND_RUNS = 52
+VERDICT_DOTS = {"pass": "#008800", "fail": "#cc0000"}  # any other verdict: amber
 
 
 def load_outcomes(run_dir: Path) -> tuple[dict, dict]:
@@ -43,63 +44,92 @@ def trend(history: Path, spec: str):
     return H.runs(history, target=spec, last=TREND_RUNS)
 
 
-def _svg(frame) -> str:
+def sparkline(frame, prefix: str) -> str:
+    """The target's SQDR over its past runs (oldest first) as a small inline SVG drawn by
+    matplotlib like every plot of a run (kvdiag.report.plots): one dot per run coloured by its
+    verdict, a missing SQDR drawn at 0, and each dot's run, verdict and SQDR on hover."""
     if frame.empty:
         return "<i>no history</i>"
-    values = [float(v) if v == v and v is not None else 0.0 for v in frame["sqdr"]]
-    top = max(max(values), 1e-9)
-    w, h, n = 240, 40, len(values)
-    pts = [(5 + (w - 10) * (i / max(n - 1, 1)), h - 5 - (h - 10) * v / top) for i, v in enumerate(values)]
-    line = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
-    marks = "".join(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{"#080" if v == "pass" else "#c00" if v == "fail" else "#b7791f"}"/>'
-                    for (x, y), v in zip(pts, frame["verdict"]))
-    return (f'<svg width="{w}" height="{h}" role="img"><title>SQDR over the last {n} runs '
-            f'(max {top:.4g})</title><polyline fill="none" stroke="#333" points="{line}"/>{marks}</svg>')
+    from kvdiag.report.plots import RC, hover_targets, pyplot, svg
+
+    plt = pyplot()
+    measured = [float(v) if v == v and v is not None else None for v in frame["sqdr"]]
+    values = [0.0 if v is None else v for v in measured]
+    verdicts = [str(v) for v in frame["verdict"]]
+    top, n, x = max(max(values), 1e-9), len(values), list(range(len(values)))
+    hover: dict[str, list[str]] = {}
+    with plt.rc_context(RC):
+        fig, ax = plt.subplots(figsize=(240 / 96, 40 / 96))  # 240 x 40 px (a CSS px: 1/96 in)
+        ax.plot(x, values, color="#333333", linewidth=1)
+        ax.scatter(x, values, s=12, zorder=3, c=[VERDICT_DOTS.get(v, "#b7791f") for v in verdicts])
+        hover_targets(ax, x, values, hover, lambda a, _: f"run {int(a) + 1} of {n} · "
+                      f"{verdicts[int(a)]} · SQDR {_number(measured[int(a)])}")
+        ax.set_xlim(-0.03 * max(n - 1, 1), 1.03 * max(n - 1, 1))
+        ax.set_ylim(-top / 6, top * 7 / 6)
+        ax.set_axis_off()
+        fig.subplots_adjust(left=0, right=1, bottom=0, top=1)
+        return svg(fig, prefix, hover)
 
 
-def render(run_dir: Path) -> str:
-    run_dir = Path(run_dir)
-    plan, last = load_outcomes(run_dir)
-    columns = []
-    for c in plan["cells"]:
-        if (c["suite_name"], c["case"]) not in columns:
-            columns.append((c["suite_name"], c["case"]))
-    cell_of = {(c["target"], c["suite_name"], c["case"]): c["id"] for c in plan["cells"]}
-    esc = html.escape
-    head = "".join(f"<th>{esc(s)}<br>{esc(k)}</th>" for s, k in columns)
-    rows, counts = [], {}
-    for t in plan["targets"]:
-        tds = []
-        for s, k in columns:
-            cid = cell_of.get((t["name"], s, k))
-            if cid is None:
-                tds.append("<td></td>")
-                continue
-            o = last.get(cid, {"status": "NOT RUN", "worst": ""})
-            counts[o["status"]] = counts.get(o["status"], 0) + 1
-            link = (f' <a href="{esc(cid)}/report.html">report</a>'
-                    if o.get("run_dir") and (run_dir / cid / "report.html").is_file() else "")
-            tds.append(f'<td style="background:{COLORS.get(o["status"], "#eeeeee")}"><b>{o["status"]}</b>{link}'
-                       f'<br><small>{esc(o.get("worst") or "")}</small>'
-                       + (f'<br><small>{esc(o["events"])}</small>' if o.get("events") else "") + '</td>')
-        past = trend(Path(plan["history"]), t["spec"])
-        rows.append(f"<tr><th>{esc(t['name'])}<br><small>{esc(t['spec'])}</small></th>{''.join(tds)}"
-                    f"<td>{_svg(past)}</td></tr>")
-    total = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-    return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>kvdiag fleet {esc(run_dir.name)}</title>
-<style>body{{font-family:sans-serif}} table{{border-collapse:collapse}}
-td,th{{border:1px solid #999;padding:4px 8px;vertical-align:top}}</style></head><body>
-<h1>kvdiag fleet: {esc(run_dir.name)}</h1>
-<p>{esc(total)}. Fleet file: <code>{esc(plan['fleet'])}</code>; history:
-<code>{esc(plan['history'])}</code>. PASS: no regression and the run's own ground truth holds,
+# jinja2, autoescaped (as kvdiag.report.html)
+_PAGE = """<!doctype html>
+<html><head><meta charset="utf-8"><title>kvdiag fleet {{ name }}</title>
+<style>body{font-family:sans-serif} table{border-collapse:collapse}
+td,th{border:1px solid #999;padding:4px 8px;vertical-align:top}</style></head><body>
+<h1>kvdiag fleet: {{ name }}</h1>
+<p>{{ total }}. Fleet file: <code>{{ fleet }}</code>; history:
+<code>{{ history }}</code>. PASS: no regression and the run's own ground truth holds,
 with the trigger reached; FAIL: a metric regressed (the first one and its rounds shown) or
 corruption was found; INCONCLUSIVE: the run proved nothing (the trigger was not reached), even
 if every metric matched its baseline; ERROR: the cell could not be measured (dead endpoint,
 task error, time limit) or its ground truth hit the cache.</p>
-<table><tr><th>target</th>{head}<th>SQDR, past runs (green: pass, red: fail, amber: other)</th></tr>
-{''.join(rows)}</table></body></html>
+<table><tr><th>target</th>{% for suite, case in columns %}<th>{{ suite }}<br>{{ case }}</th>{% endfor %}\
+<th>SQDR, past runs (green: pass, red: fail, amber: other)</th></tr>
+{% for name, spec, cells, sparkline in rows %}<tr><th>{{ name }}<br><small>{{ spec }}</small></th>\
+{% for cell in cells %}{% if cell %}{% set cid, o, linked = cell %}\
+<td style="background:{{ colors.get(o["status"], "#eeeeee") }}"><b>{{ o["status"] }}</b>\
+{% if linked %} \
+<a href="{{ cid }}/report.html">report</a>{% endif %}<br><small>{{ o.get("worst") or "" }}</small>\
+{% if o.get("events") %}<br><small>{{ o["events"] }}</small>{% endif %}</td>\
+{% else %}<td></td>{% endif %}{% endfor %}<td>{{ sparkline }}</td></tr>{% endfor %}</table></body></html>
 """
+
+
+@functools.cache
+def _template():
+    import jinja2
+
+    return jinja2.Environment(autoescape=True, keep_trailing_newline=True).from_string(_PAGE)
+
+
+def render(run_dir: Path) -> str:
+    from markupsafe import Markup
+
+    run_dir = Path(run_dir)
+    plan, last = load_outcomes(run_dir)
+    columns = list(dict.fromkeys((c["suite_name"], c["case"]) for c in plan["cells"]))
+    cell_of = {(c["target"], c["suite_name"], c["case"]): c["id"] for c in plan["cells"]}
+    rows, counts = [], {}
+    for t in plan["targets"]:
+        cells = []  # (cell id, its last outcome, whether its report exists), or None: no cell
+        for s, k in columns:
+            cid = cell_of.get((t["name"], s, k))
+            if cid is None:
+                cells.append(None)
+                continue
+            o = last.get(cid, {"status": "NOT RUN", "worst": ""})
+            counts[o["status"]] = counts.get(o["status"], 0) + 1
+            cells.append((cid, o, bool(o.get("run_dir")) and (run_dir / cid / "report.html").is_file()))
+        past = trend(Path(plan["history"]), t["spec"])
+        rows.append((t["name"], t["spec"], cells, Markup(sparkline(past, f"sqdr{len(rows)}"))))
+    return _template().render(
+        name=run_dir.name, fleet=plan["fleet"], history=plan["history"], columns=columns,
+        total=", ".join(f"{n} {s}" for s, n in sorted(counts.items())), rows=rows,
+        colors=COLORS)
+
+
+def _number(value: float | None) -> str:
+    return "not measured" if value is None else f"{value:.4g}"
 
 
 def write_page(run_dir: Path) -> Path:

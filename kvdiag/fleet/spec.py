@@ -1,6 +1,7 @@
 """FLEET.yaml: the targets of a weekly fleet job and, per target, its suites, cases and a
-concurrency limit. Everything is checked here, before Ray starts; a bad file raises one
-KvdiagError line naming the file and the key (exit 2 through the CLI).
+concurrency limit. Everything is checked here, before Ray starts: the file's shape by pydantic
+(strict, no unknown key), then targets, suites and cases; a bad file raises one KvdiagError
+line naming the file and the key (exit 2 through the CLI).
 
     history: reports/history.sqlite       # optional (default shown); relative to the cwd
     baseline: reports/baselines.json      # optional
@@ -22,22 +23,67 @@ KvdiagError line naming the file and the key (exit 2 through the CLI).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from kvdiag.errors import KvdiagError
 
 ENDPOINT_CPUS, ENGINE_CPUS = 0.25, 1.0
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-TARGET_KEYS = {"name", "target", "model", "flags", "suites", "concurrency", "requests", "num_cpus",
-               "api_key_env"}
-TOP_KEYS = {"history", "baseline", "time_limit", "max_retries", "targets"}
 
 
-@dataclass(frozen=True)
-class Cell:
+def _name(value: str) -> str:
+    if not NAME.match(value):
+        raise ValueError(f"{value!r} is not a name (letters, digits, _ . -)")
+    return value
+
+
+def _suite_entry(value):
+    """A plain suite name is {suite: NAME}."""
+    if isinstance(value, str):
+        return {"suite": value}
+    if not isinstance(value, dict):
+        raise ValueError("expected a suite name or {suite: S, cases: [..]}")
+    return value
+
+
+# --- the file, as written: pydantic in strict mode (no "1" for 1, no true for 1), no unknown key
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class SuiteEntry(_Strict):
+    suite: str
+    cases: list[str] | str | None = None  # None: the suite's default cases
+
+
+class TargetEntry(_Strict):
+    name: Annotated[str, AfterValidator(_name)]
+    target: str  # a URL, reference:ALLOCATOR or vllm-local[:FAULT]
+    model: str | None = None
+    flags: dict[Any, Any] | None = None
+    api_key_env: str | None = None
+    suites: Annotated[list[Annotated[SuiteEntry, BeforeValidator(_suite_entry)]], Field(min_length=1)]
+    concurrency: Annotated[int, Field(gt=0)] = 1
+    requests: Annotated[int, Field(gt=0)] = 16
+    num_cpus: Annotated[float, Field(gt=0)] | None = None  # None: by the target's kind
+
+
+class FleetFile(_Strict):
+    history: str | None = None
+    baseline: str | None = None
+    time_limit: Annotated[float, Field(gt=0)] = 3600.0
+    max_retries: Annotated[int, Field(ge=0)] = 1
+    targets: Annotated[list[TargetEntry], Field(min_length=1)]
+
+
+# --- what it resolves to
+class Cell(BaseModel):
     """One (target, suite, case): one Ray task, one run directory, one history row."""
 
+    model_config = ConfigDict(frozen=True)
     target: str  # the fleet target's name
     suite: str  # the suite as given (a bundled name or a path)
     suite_name: str
@@ -48,13 +94,12 @@ class Cell:
         return f"{self.target}.{self.suite_name}.{self.case}"
 
 
-@dataclass
-class FleetTarget:
+class FleetTarget(BaseModel):
     name: str
     spec: str
     kind: str  # "url", "reference" or "vllm-local"
     model: str | None
-    flags: dict
+    flags: dict[str, str]
     suites: list[tuple[str, list[str]]]  # (suite as given, case names)
     concurrency: int = 1
     requests: int = 16
@@ -62,8 +107,7 @@ class FleetTarget:
     api_key_env: str | None = None
 
 
-@dataclass
-class Fleet:
+class Fleet(BaseModel):
     path: Path
     targets: list[FleetTarget]
     cells: list[Cell]
@@ -71,15 +115,23 @@ class Fleet:
     baseline: Path
     time_limit: float = 3600.0
     max_retries: int = 1
-    by_name: dict = field(default_factory=dict)
+
+    @property
+    def by_name(self) -> dict[str, FleetTarget]:
+        return {t.name: t for t in self.targets}
 
 
-def _num(value, where: str, kind=float, low=0.0):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or kind(value) != value \
-            or value <= low:
-        raise KvdiagError(f"{where}: expected a {'whole ' if kind is int else ''}number > {low:g}, "
-                          f"got {value!r}")
-    return kind(value)
+def _first_error(e: ValidationError) -> str:
+    """`targets[0].concurrency: Input should be greater than 0 (got 0)` from pydantic's first."""
+    first = e.errors()[0]
+    where = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in first["loc"]).lstrip(".")
+    kind = first["type"]
+    if kind == "extra_forbidden":
+        return f"{where}: unknown key"
+    if kind == "value_error":  # our own validators' words, which name the value
+        return f"{where}: {first['msg'].removeprefix('Value error, ')}"
+    message = "expected a mapping" if kind in ("model_type", "dict_type") else first["msg"]
+    return f"{where}: {message}" + ("" if kind == "missing" else f" (got {first['input']!r})")
 
 
 def _suite_path(suite: str, base: Path) -> str:
@@ -103,65 +155,46 @@ def load_fleet(path: Path) -> Fleet:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
         raise KvdiagError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("targets"), list) or not data["targets"]:
+    if not isinstance(data, dict):
         raise KvdiagError(f"{path}: expected a mapping with a non-empty list `targets`")
-    if unknown := set(data) - TOP_KEYS:
-        raise KvdiagError(f"{path}: unknown key {sorted(unknown)[0]!r} (known: {', '.join(sorted(TOP_KEYS))})")
+    try:
+        file = FleetFile.model_validate(data)
+    except ValidationError as e:
+        raise KvdiagError(f"{path}: {_first_error(e)}") from None
     targets, cells, suites = [], [], {}
-    for i, t in enumerate(data["targets"]):
+    for i, t in enumerate(file.targets):
         where = f"{path}: targets[{i}]"
-        if not isinstance(t, dict):
-            raise KvdiagError(f"{where}: expected a mapping")
-        if unknown := set(t) - TARGET_KEYS:
-            raise KvdiagError(f"{where}: unknown key {sorted(unknown)[0]!r}")
-        name = str(t.get("name", ""))
-        if not NAME.match(name):
-            raise KvdiagError(f"{where}.name: {name!r} is not a name (letters, digits, _ . -)")
-        if any(x.name == name for x in targets):
-            raise KvdiagError(f"{where}.name: duplicate target name {name!r}")
+        if any(x.name == t.name for x in targets):
+            raise KvdiagError(f"{where}.name: duplicate target name {t.name!r}")
         try:
-            target = parse_target(str(t.get("target", "")))
+            target = parse_target(t.target)
         except KvdiagError as e:
             raise KvdiagError(f"{where}.target: {e}") from None
         kind = "url" if target.url else ("reference" if target.is_reference else "vllm-local")
-        if kind == "url" and not t.get("model"):
+        if kind == "url" and not t.model:
             raise KvdiagError(f"{where}.model: a URL target needs the served model name")
-        flags = t.get("flags") or {}
-        if not isinstance(flags, dict):
-            raise KvdiagError(f"{where}.flags: expected a mapping NAME: VALUE")
-        entries = t.get("suites")
-        if not isinstance(entries, list) or not entries:
-            raise KvdiagError(f"{where}.suites: expected a non-empty list")
         chosen = []
-        for j, entry in enumerate(entries):
-            entry = {"suite": entry} if isinstance(entry, str) else entry
-            if not isinstance(entry, dict) or not isinstance(entry.get("suite"), str):
-                raise KvdiagError(f"{where}.suites[{j}]: expected a suite name or {{suite: S, cases: [..]}}")
-            given = _suite_path(entry["suite"], path.parent)
+        for j, entry in enumerate(t.suites):
+            given = _suite_path(entry.suite, path.parent)
             if given not in suites:
                 try:
                     suites[given] = load_suite(given)
                 except (KvdiagError, FileNotFoundError, ValueError) as e:
                     raise KvdiagError(f"{where}.suites[{j}]: {str(e).splitlines()[0]}") from None
             suite = suites[given]
-            cases = entry.get("cases")
-            spec = ",".join(cases) if isinstance(cases, list) else cases
+            spec = ",".join(entry.cases) if isinstance(entry.cases, list) else entry.cases
             try:
                 picked = [c.name for c in suite.select(spec)]
             except (KvdiagError, ValueError) as e:
                 raise KvdiagError(f"{where}.suites[{j}].cases: {str(e).splitlines()[0]}") from None
             chosen.append((given, picked))
-            cells += [Cell(name, given, suite.name, c) for c in picked]
-        cpus = ENDPOINT_CPUS if kind == "url" else ENGINE_CPUS
+            cells += [Cell(target=t.name, suite=given, suite_name=suite.name, case=c) for c in picked]
+        default_cpus = ENDPOINT_CPUS if kind == "url" else ENGINE_CPUS
         targets.append(FleetTarget(
-            name, target.spec, kind, t.get("model"), {str(k): str(v) for k, v in flags.items()}, chosen,
-            concurrency=_num(t.get("concurrency", 1), f"{where}.concurrency", int),
-            requests=_num(t.get("requests", 16), f"{where}.requests", int),
-            num_cpus=_num(t.get("num_cpus", cpus), f"{where}.num_cpus"),
-            api_key_env=t.get("api_key_env")))
-    fleet = Fleet(path, targets, cells, Path(data.get("history") or H.DEFAULT_PATH),
-                  Path(data.get("baseline") or B.DEFAULT_PATH),
-                  time_limit=_num(data.get("time_limit", 3600), f"{path}: time_limit"),
-                  max_retries=_num(data.get("max_retries", 1), f"{path}: max_retries", int, -1))
-    fleet.by_name = {t.name: t for t in targets}
-    return fleet
+            name=t.name, spec=target.spec, kind=kind, model=t.model,
+            flags={str(k): str(v) for k, v in (t.flags or {}).items()}, suites=chosen,
+            concurrency=t.concurrency, requests=t.requests,
+            num_cpus=default_cpus if t.num_cpus is None else t.num_cpus, api_key_env=t.api_key_env))
+    return Fleet(path=path, targets=targets, cells=cells, history=Path(file.history or H.DEFAULT_PATH),
+                 baseline=Path(file.baseline or B.DEFAULT_PATH), time_limit=file.time_limit,
+                 max_retries=file.max_retries)

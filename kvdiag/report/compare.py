@@ -8,8 +8,8 @@ Reads only summary.json (kvdiag.summary.CompareSummary), like the matrix and iso
 
 from __future__ import annotations
 
+import functools
 import math
-from html import escape
 
 from kvdiag.report.style import CSS
 from kvdiag.verdicts import Verdict
@@ -61,51 +61,61 @@ def _number(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _targets_table(summary: dict) -> str:
-    rows = []
-    for t in summary.get("targets", []):
-        word = Verdict.parse(t.get("verdict")).value
-        link = (f' <a href="{escape(t["run_dir"])}/report.html">report</a>' if t.get("run_dir") else "")
-        rows.append(f'<tr><td>{escape(t["target"])}</td><td class="{word}"><b>{word.upper()}</b>'
-                    f'{link}</td><td style="text-align:left;white-space:normal">'
-                    f'{escape(str(t.get("reason", "")))}</td><td>{_number(t.get("sqdr"), ".4f")}</td>'
-                    f'<td>{escape(str(t.get("first_corruption_round") or "-"))}</td></tr>')
-    return ('<table class="data" id="T_targets"><tr><th>target</th><th>verdict</th><th>why</th>'
-            f'<th>SQDR</th><th>first corrupted round</th></tr>{"".join(rows)}</table>')
+# jinja2, autoescaped (as kvdiag.report.html); adjacent literals keep the markup as it was
+_PAGE = (
+    '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+    '<title>{{ verdict|upper }} · kvdiag compare</title><style>{{ css }}</style></head><body>'
+    '<header class="verdict-{{ verdict }}"><h1 id="verdict"><span class="badge">'
+    '{{ verdict|upper }}</span>kvdiag · compare</h1><p class="meaning" id="verdict-meaning">'
+    '{{ reason }}</p><dl class="meta">'
+    '{% for key, value in meta %}<dt>{{ key }}</dt><dd>{{ value }}</dd>{% endfor %}</dl>'
+    '<p>Rerun with:</p><pre><code>{{ command }}</code></pre>'
+    '</header><section id="targets"><h2>Verdict per target</h2><p class="note">Every '
+    'target is judged by its own probe: its shared answers against its own cache-isolated '
+    'twins and its own noise floor, never against another target\'s numerics (two engine '
+    'versions may differ in their last digits and both be healthy). The overall verdict is '
+    'the worst of theirs.</p>'
+    '<table class="data" id="T_targets"><tr><th>target</th><th>verdict</th><th>why</th>'
+    '<th>SQDR</th><th>first corrupted round</th></tr>'
+    '{% for name, word, run_dir, why, sqdr, first in targets %}<tr><td>{{ name }}</td>'
+    '<td class="{{ word }}"><b>{{ word|upper }}</b>'
+    '{% if run_dir %} <a href="{{ run_dir }}/report.html">report</a>{% endif %}</td>'
+    '<td style="text-align:left;white-space:normal">{{ why }}</td><td>{{ sqdr }}</td>'
+    '<td>{{ first }}</td></tr>{% endfor %}</table></section>'
+    '<section id="decay"><h2>Decay per round</h2>'
+    '{% if svg %}<figure class="plot">{{ svg }}<figcaption>Each line is one target\'s '
+    'shared series, scored against that target\'s own isolated runs (BLEU-4 of the '
+    'shared answers against the isolated ones; the share of rounds whose isolated '
+    'answer\'s entities survive unchanged). A dotted line marks a target\'s first '
+    'corrupted round. Hover over a point for its value.</figcaption></figure>'
+    '{% else %}<p class="note">No target was measured: nothing to draw.</p>{% endif %}'
+    '<details><summary>Per-round values</summary>'
+    '<table class="data" id="T_rounds"><tr><th>target</th><th>round</th><th>BLEU-4</th>'
+    '<th>fact-check pass rate</th><th>diverged sessions</th></tr>'
+    '{% for row in rounds %}<tr>{% for cell in row %}<td>{{ cell }}</td>{% endfor %}</tr>'
+    '{% endfor %}</table></details></section></body></html>\n')
 
 
-def _rounds_table(summary: dict) -> str:
-    rows = "".join(f'<tr><td>{escape(r["target"])}</td><td>{r["round"]}</td>'
-                   f'<td>{_number(r.get("bleu4"), ".2f")}</td>'
-                   f'<td>{_number(r.get("fact_check_pass_rate"), ".3f")}</td>'
-                   f'<td>{r.get("diverged_sessions", 0)}</td></tr>'
-                   for r in summary.get("rounds", []))
-    return ('<table class="data" id="T_rounds"><tr><th>target</th><th>round</th><th>BLEU-4</th>'
-            f'<th>fact-check pass rate</th><th>diverged sessions</th></tr>{rows}</table>')
+@functools.cache
+def _template():
+    import jinja2
+
+    return jinja2.Environment(autoescape=True, keep_trailing_newline=True).from_string(_PAGE)
 
 
 def page(summary: dict) -> str:
-    verdict = Verdict.parse(summary.get("verdict")).value
+    from markupsafe import Markup
+
     measured = any(r for r in summary.get("rounds", []))
-    meta = "".join(f"<dt>{escape(k)}</dt><dd>{escape(str(summary.get(k) or '-'))}</dd>"
-                   for k in ("suite", "sessions_file", "signature", "bleu_signature", "created",
-                             "wall_seconds"))
-    figure = (f'<figure class="plot">{decay_svg(summary)}<figcaption>Each line is one target\'s '
-              'shared series, scored against that target\'s own isolated runs (BLEU-4 of the '
-              'shared answers against the isolated ones; the share of rounds whose isolated '
-              'answer\'s entities survive unchanged). A dotted line marks a target\'s first '
-              'corrupted round. Hover over a point for its value.</figcaption></figure>'
-              if measured else '<p class="note">No target was measured: nothing to draw.</p>')
-    return ('<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-            f'<title>{verdict.upper()} · kvdiag compare</title><style>{CSS}</style></head><body>'
-            f'<header class="verdict-{verdict}"><h1 id="verdict"><span class="badge">'
-            f'{verdict.upper()}</span>kvdiag · compare</h1><p class="meaning" id="verdict-meaning">'
-            f'{escape(str(summary.get("reason", "")))}</p><dl class="meta">{meta}</dl>'
-            f'<p>Rerun with:</p><pre><code>{escape(str(summary.get("command") or ""))}</code></pre>'
-            '</header><section id="targets"><h2>Verdict per target</h2><p class="note">Every '
-            'target is judged by its own probe: its shared answers against its own cache-isolated '
-            'twins and its own noise floor, never against another target\'s numerics (two engine '
-            'versions may differ in their last digits and both be healthy). The overall verdict is '
-            f'the worst of theirs.</p>{_targets_table(summary)}</section>'
-            f'<section id="decay"><h2>Decay per round</h2>{figure}<details><summary>Per-round '
-            f'values</summary>{_rounds_table(summary)}</details></section></body></html>\n')
+    targets = [(t["target"], Verdict.parse(t.get("verdict")).value, t.get("run_dir"),
+                str(t.get("reason", "")), _number(t.get("sqdr"), ".4f"),
+                t.get("first_corruption_round") or "-") for t in summary.get("targets", [])]
+    rounds = [(r["target"], r["round"], _number(r.get("bleu4"), ".2f"),
+               _number(r.get("fact_check_pass_rate"), ".3f"), r.get("diverged_sessions", 0))
+              for r in summary.get("rounds", [])]
+    return _template().render(
+        css=Markup(CSS), verdict=Verdict.parse(summary.get("verdict")).value,
+        reason=str(summary.get("reason", "")), command=str(summary.get("command") or ""),
+        meta=[(k, summary.get(k) or "-") for k in ("suite", "sessions_file", "signature",
+                                                   "bleu_signature", "created", "wall_seconds")],
+        targets=targets, rounds=rounds, svg=Markup(decay_svg(summary)) if measured else None)

@@ -9,7 +9,7 @@ loaded from anywhere). Both read only summary.json's `isolation` block.
 
 from __future__ import annotations
 
-from html import escape
+import functools
 
 from kvdiag.report.style import CSS as _CSS
 
@@ -19,39 +19,65 @@ TITLES = {
     "same-salt": "Same salt for both tenants (positive control: must hit)",
     "adapter": "Salt equal to another tenant's adapter name (judged; vLLM #44701)",
 }
+HEAD = ("prefix tokens", "trials", "cached: correct", "cached: wrong", "TTFT correct (median)",
+        "TTFT wrong (median)", "AUC", "AUC 95 % CI", "p", "told apart by")
+
+# jinja2, autoescaped (as kvdiag.report.html); adjacent literals keep the markup as it was
+_FRAGMENT = (
+    '<section id="isolation"><h2>Tenant isolation</h2>\n'
+    '<p class="note">{{ reason }}</p>\n'
+    '<p class="note">AUC: the probability that a correct guess of the victim\'s prefix '
+    'gets its first token sooner than a wrong guess of the same length (0.5: timing '
+    'tells nothing; 1: every guess told apart). Dashed: 0.5. Cached share: cached tokens '
+    'of correct guesses / prefix length (mean).</p>\n'
+    '{% for title, config, svg, rows in sections %}<h3>{{ title }}</h3>\n'
+    '<figure class="plot">{{ svg }}<figcaption>{{ config }}: '
+    'AUC (circles) and cached share (squares) per prefix length; a filled '
+    'red ring marks a leaking cell.</figcaption></figure>\n'
+    '<table class="data"><tr>{% for h in head %}<th>{{ h }}</th>{% endfor %}</tr>'
+    '{% for cells, told, bad in rows %}<tr>{% for cell in cells %}<td>{{ cell }}</td>{% endfor %}'
+    '<td class="{{ "fail" if bad else "pass" }}">{{ told }}</td></tr>{% endfor %}</table>\n'
+    '{% endfor %}</section>')
+_PAGE = (
+    '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+    '<title>{{ verdict|upper }} · kvdiag isolation</title><style>{{ css }}</style></head>'
+    '<body><header class="verdict-{{ css_class }}"><h1><span class="badge">'
+    '{{ verdict|upper }}</span>kvdiag · tenant isolation</h1><dl class="meta">'
+    '{% for key, value in meta %}<dt>{{ key }}</dt><dd>{{ value }}</dd>{% endfor %}'
+    '</dl><p>Rerun with:</p><pre><code>{{ command }}</code></pre>'
+    '</header>{{ fragment }}</body></html>\n')
+
+
+@functools.cache
+def _template(source: str):
+    import jinja2
+
+    return jinja2.Environment(autoescape=True, keep_trailing_newline=True).from_string(source)
 
 
 def fragment(summary: dict) -> str:
-    iso = summary.get("isolation") or {}
-    cells = iso.get("cells") or []
-    parts = ['<section id="isolation"><h2>Tenant isolation</h2>',
-             f'<p class="note">{escape(str(summary.get("reason", "")))}</p>',
-             '<p class="note">AUC: the probability that a correct guess of the victim\'s prefix '
-             'gets its first token sooner than a wrong guess of the same length (0.5: timing '
-             'tells nothing; 1: every guess told apart). Dashed: 0.5. Cached share: cached tokens '
-             'of correct guesses / prefix length (mean).</p>']
+    from markupsafe import Markup
+
+    cells = (summary.get("isolation") or {}).get("cells") or []
+    sections = []
     for config in dict.fromkeys(c["config"] for c in cells):
         rows = sorted((c for c in cells if c["config"] == config), key=lambda c: c["length"])
-        parts.append(f'<h3>{escape(TITLES.get(config, config))}</h3>')
-        parts.append(f'<figure class="plot">{plot(rows, config)}<figcaption>{escape(config)}: '
-                     'AUC (circles) and cached share (squares) per prefix length; a filled '
-                     'red ring marks a leaking cell.</figcaption></figure>')
-        parts.append(_table(rows))
-    parts.append("</section>")
-    return "\n".join(parts)
+        sections.append((TITLES.get(config, config), config, Markup(plot(rows, config)),
+                         [_row(r) for r in rows]))
+    return _template(_FRAGMENT).render(reason=str(summary.get("reason", "")), head=HEAD,
+                                       sections=sections)
 
 
 def page(summary: dict) -> str:
+    from markupsafe import Markup
+
     verdict = str(summary.get("verdict", "unknown"))
-    css_class = verdict if verdict in ("pass", "fail", "inconclusive", "error") else "error"
-    meta = "".join(f"<dt>{escape(k)}</dt><dd>{escape(str(summary.get(k, '?')))}</dd>"
-                   for k in ("target", "model", "signature", "created", "wall_seconds", "requests"))
-    return ('<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-            f'<title>{escape(verdict.upper())} · kvdiag isolation</title><style>{_CSS}</style></head>'
-            f'<body><header class="verdict-{css_class}"><h1><span class="badge">'
-            f'{escape(verdict.upper())}</span>kvdiag · tenant isolation</h1><dl class="meta">{meta}'
-            f'</dl><p>Rerun with:</p><pre><code>{escape(str(summary.get("command", "")))}</code></pre>'
-            f'</header>{fragment(summary)}</body></html>\n')
+    return _template(_PAGE).render(
+        css=Markup(_CSS), verdict=verdict,
+        css_class=verdict if verdict in ("pass", "fail", "inconclusive", "error") else "error",
+        meta=[(k, summary.get(k, "?"))
+              for k in ("target", "model", "signature", "created", "wall_seconds", "requests")],
+        command=str(summary.get("command", "")), fragment=Markup(fragment(summary)))
 
 
 def plot(rows: list[dict], prefix: str) -> str:
@@ -96,19 +122,13 @@ def _ci(row: dict) -> str:
     return f"{ci[0]:.2f} to {ci[1]:.2f}" if ci else "?"
 
 
-def _table(rows: list[dict]) -> str:
-    head = ("prefix tokens", "trials", "cached: correct", "cached: wrong", "TTFT correct (median)",
-            "TTFT wrong (median)", "AUC", "AUC 95 % CI", "p", "told apart by")
-    body = []
-    for r in rows:
-        told = [k for k in ("content", "timing") if r.get(f"{k}_leak")]
-        verdict = " + ".join(told) or "nothing"
-        # told apart is the point of the control, and a failure anywhere else
-        bad = bool(told) != (r["config"] == "same-salt")
-        body.append(
-            f'<tr><td>{r["length"]}</td><td>{r["trials"]}</td><td>{r["cached_correct_mean"]:.0f}</td>'
-            f'<td>{r["cached_wrong_mean"]:.0f}</td><td>{r["ttft_correct_median_s"] * 1000:.1f} ms</td>'
-            f'<td>{r["ttft_wrong_median_s"] * 1000:.1f} ms</td><td>{r["auc"]:.2f}</td><td>{_ci(r)}</td>'
-            f'<td>{r["p_value"]:.2g}</td><td class="{"fail" if bad else "pass"}">{verdict}</td></tr>')
-    return ('<table class="data"><tr>' + "".join(f"<th>{h}</th>" for h in head) + "</tr>"
-            + "".join(body) + "</table>")
+def _row(r: dict) -> tuple[list, str, bool]:
+    """One table row: (its cells as text, what told the guesses apart, whether that is bad)."""
+    told = [k for k in ("content", "timing") if r.get(f"{k}_leak")]
+    # told apart is the point of the control, and a failure anywhere else
+    bad = bool(told) != (r["config"] == "same-salt")
+    cells = [r["length"], r["trials"], f'{r["cached_correct_mean"]:.0f}',
+             f'{r["cached_wrong_mean"]:.0f}', f'{r["ttft_correct_median_s"] * 1000:.1f} ms',
+             f'{r["ttft_wrong_median_s"] * 1000:.1f} ms', f'{r["auc"]:.2f}', _ci(r),
+             f'{r["p_value"]:.2g}']
+    return cells, " + ".join(told) or "nothing", bad

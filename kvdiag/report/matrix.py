@@ -4,7 +4,7 @@ one, what was measured), each live row linked to its own run's report."""
 
 from __future__ import annotations
 
-from html import escape
+import functools
 
 from kvdiag.report.style import CSS
 from kvdiag.verdicts import Verdict
@@ -15,33 +15,43 @@ COLUMNS = (("fault", "fault"), ("path", "path"), ("class", "class"), ("event", "
            ("requests_to_first", "requests to first"), ("numerics", "numerics"),
            ("seconds", "wall s"), ("reports", "real reports"))
 
+# jinja2, autoescaped (as kvdiag.report.html): adjacent literals, so the page is one line
+_PAGE = (
+    '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>'
+    '{{ verdict|upper }} · kvdiag detect</title><style>{{ css }}'
+    ' tr.missed td{background:#f8d7da}</style></head><body>'
+    '<header class="verdict-{{ verdict }}"><h1 id="verdict"><span class="badge">'
+    '{{ verdict|upper }}</span>kvdiag · detection matrix · {{ engine }}'
+    '</h1><p class="meaning" id="verdict-meaning">{{ reason }}</p>'
+    '<dl class="meta"><dt>suite</dt><dd>{{ suite }}</dd>'
+    '<dt>signature</dt><dd><code>{{ signature }}</code></dd>'
+    '<dt>created</dt><dd>{{ created }}</dd></dl></header>'
+    '<p class="note">audit: the fault planted into vLLM\'s own KVCacheManager in-process, '
+    'the trace replayed model-free with a shadow content map; live: a real server kvdiag '
+    'starts with the fault planted, probed (or audited for isolation) from outside. '
+    'expected: the verdict a run that catches the fault gives; red rows were not caught.</p>'
+    '<table id="T_matrix"><tr>{% for _, title in columns %}<th>{{ title }}</th>{% endfor %}</tr>'
+    '{% for row in rows %}<tr class="{{ "caught" if row["caught"] else "missed" }}">'
+    '{% for key, _ in columns %}{% set value = row.get(key) %}'
+    '{% if key == "verdict" %}<td class="{{ value }}"><b>{{ value|string|upper }}</b>'
+    '{% if row.get("run_dir") %} <a href="{{ row["run_dir"].split("/")[-1] }}/report.html">'
+    'report</a>{% endif %}</td>'
+    '{% else %}<td>{{ "-" if value is none else value }}</td>{% endif %}{% endfor %}</tr>'
+    '{% endfor %}</table></body></html>\n')
 
-def _cell(row: dict, key: str) -> str:
-    value = row.get(key)
-    if key == "verdict":
-        link = (f' <a href="{escape(row["run_dir"].split("/")[-1])}/report.html">report</a>'
-                if row.get("run_dir") else "")
-        return f'<td class="{escape(str(value))}"><b>{escape(str(value).upper())}</b>{link}</td>'
-    return f"<td>{'-' if value is None else escape(str(value))}</td>"
+
+@functools.cache
+def _template():
+    import jinja2
+
+    return jinja2.Environment(autoescape=True, keep_trailing_newline=True).from_string(_PAGE)
 
 
 def page(summary: dict) -> str:
-    verdict = Verdict.parse(summary.get("verdict")).value
-    rows = "".join(f'<tr class="{"caught" if r["caught"] else "missed"}">'
-                   + "".join(_cell(r, key) for key, _ in COLUMNS) + "</tr>"
-                   for r in summary.get("matrix", []))
-    head = "".join(f"<th>{escape(title)}</th>" for _, title in COLUMNS)
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>'
-            f'{escape(verdict.upper())} · kvdiag detect</title><style>{CSS}'
-            ' tr.missed td{background:#f8d7da}</style></head><body>'
-            f'<header class="verdict-{escape(verdict)}"><h1 id="verdict"><span class="badge">'
-            f'{escape(verdict.upper())}</span>kvdiag · detection matrix · {escape(summary.get("engine", "?"))}'
-            f'</h1><p class="meaning" id="verdict-meaning">{escape(summary.get("reason", ""))}</p>'
-            f'<dl class="meta"><dt>suite</dt><dd>{escape(summary.get("suite", "?"))}</dd>'
-            f'<dt>signature</dt><dd><code>{escape(summary.get("signature", ""))}</code></dd>'
-            f'<dt>created</dt><dd>{escape(str(summary.get("created", "?")))}</dd></dl></header>'
-            '<p class="note">audit: the fault planted into vLLM\'s own KVCacheManager in-process, '
-            'the trace replayed model-free with a shadow content map; live: a real server kvdiag '
-            'starts with the fault planted, probed (or audited for isolation) from outside. '
-            'expected: the verdict a run that catches the fault gives; red rows were not caught.</p>'
-            f'<table id="T_matrix"><tr>{head}</tr>{rows}</table></body></html>\n')
+    from markupsafe import Markup
+
+    return _template().render(
+        css=Markup(CSS), verdict=Verdict.parse(summary.get("verdict")).value,
+        engine=summary.get("engine", "?"), reason=summary.get("reason", ""),
+        suite=summary.get("suite", "?"), signature=summary.get("signature", ""),
+        created=summary.get("created", "?"), columns=COLUMNS, rows=summary.get("matrix", []))

@@ -12,16 +12,21 @@ tokens the contiguous reference generated (teacher-forced into every replay):
      "output_ids": [...], "think_steps": 0, "cache_salt": null, ...}
 
 `round` is 1-based; `think_steps` is how many engine steps the session waits, after its
-previous round finished, before it sends this one.
+previous round finished, before it sends this one. Reading validates each line with pydantic
+(strict) against the dataclasses below, as kvdiag.suites does a suite's keys.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
 
 from kvdiag.errors import KvdiagError
 from reference_engine.util import cdiv
@@ -29,15 +34,23 @@ from reference_engine.util import cdiv
 TRACE_VERSION = 1
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # reference_engine.config.EngineConfig's default
 
+# checked when a trace is read (read_trace), not when one is built in memory
+Positive = Annotated[int, Field(gt=0)]
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+Name = Annotated[str, Field(min_length=1)]
+NanIfNull = Annotated[float, BeforeValidator(lambda v: math.nan if v is None else v)]
+
 
 @dataclass(frozen=True)
 class TraceConfig:
+    __pydantic_config__ = ConfigDict(strict=True, extra="ignore")  # "kvdiag_trace": the version
+
     suite: str
     case: str
-    block_size: int
-    num_blocks: int  # usable blocks (vLLM gets one more: its null block)
-    max_num_seqs: int
-    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    block_size: Positive
+    num_blocks: Positive  # usable blocks (vLLM gets one more: its null block)
+    max_num_seqs: Positive
+    max_num_batched_tokens: Positive = DEFAULT_MAX_NUM_BATCHED_TOKENS
     enable_prefix_caching: bool = True
     model: str | None = None  # the model the outputs came from, with its digest, when known
 
@@ -47,18 +60,20 @@ class TraceConfig:
 
 @dataclass
 class TraceRequest:
-    session: str
-    round: int  # 1-based
-    prompt_ids: list[int]
-    output_ids: list[int]  # the contiguous reference's tokens, stop token included
-    think_steps: int = 0
-    cache_salt: str | None = None
-    lora: str | None = None  # the adapter the request names (its K/V are the adapter's)
+    __pydantic_config__ = ConfigDict(strict=True, extra="forbid")
+
+    session: Annotated[str, BeforeValidator(str)]
+    round: Positive  # 1-based
+    prompt_ids: TokenIds
+    output_ids: TokenIds  # the contiguous reference's tokens, stop token included
+    think_steps: Annotated[int, Field(ge=0)] = 0
+    cache_salt: Name | None = None
+    lora: Name | None = None  # the adapter the request names (its K/V are the adapter's)
     prompt_logprobs: bool = False  # asks for prompt logprobs: must not read the prefix cache
     kind: str = "question"
     output_text: str = ""
     expected_text: str = ""
-    fact_check_pass: float = math.nan
+    fact_check_pass: NanIfNull = math.nan  # null in the file
     fact_check_reason: str = ""
 
 
@@ -166,13 +181,6 @@ def write_trace(trace: Trace, path: Path) -> None:
     tmp.replace(path)
 
 
-def _int_list(value, where: str, key: str) -> list[int]:
-    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool)
-                                              and t >= 0 for t in value):
-        raise KvdiagError(f"{where}: {key!r} must be a list of non-negative token ids")
-    return value
-
-
 def read_trace(path: Path) -> Trace:
     """Load and validate a trace; errors name the file, the line and the key."""
     path = Path(path)
@@ -181,61 +189,25 @@ def read_trace(path: Path) -> Trace:
     lines = [(n, line) for n, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
     if not lines:
         raise KvdiagError(f"{path}: empty trace")
-    rows = []
-    for n, line in lines:
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise KvdiagError(f"{path}:{n}: not JSON ({e.msg})") from None
-        if not isinstance(row, dict):
-            raise KvdiagError(f"{path}:{n}: expected a JSON object")
-        rows.append((n, row))
-    (n, head), rows = rows[0], rows[1:]
-    if head.get("kvdiag_trace") != TRACE_VERSION:
+    (n, head), rows = lines[0], lines[1:]
+    try:
+        version = json.loads(head).get("kvdiag_trace")
+    except (json.JSONDecodeError, AttributeError):  # not JSON, or not an object
+        version = None
+    if version != TRACE_VERSION:
         raise KvdiagError(f"{path}:{n}: first line must be the header "
                           f'{{"kvdiag_trace": {TRACE_VERSION}, ...}}')
-    known = {f for f in TraceConfig.__dataclass_fields__}
-    try:
-        config = TraceConfig(**{k: v for k, v in head.items() if k in known})
-    except TypeError as e:
-        raise KvdiagError(f"{path}:{n}: header: {e}") from None
-    for key in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens"):
-        value = getattr(config, key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise KvdiagError(f"{path}:{n}: header: {key!r} must be a positive integer")
+    config = _validated(TraceConfig, head, f"{path}:{n}: header")
     if not rows:
         raise KvdiagError(f"{path}: the trace holds no request")
     requests, seen = [], set()
-    fields = {f for f in TraceRequest.__dataclass_fields__}
-    for n, row in rows:
-        where = f"{path}:{n}"
-        for key in ("session", "round", "prompt_ids", "output_ids"):
-            if key not in row:
-                raise KvdiagError(f"{where}: missing key {key!r}")
-        unknown = sorted(set(row) - fields)
-        if unknown:
-            raise KvdiagError(f"{where}: unknown key {unknown[0]!r}")
-        if not isinstance(row["round"], int) or row["round"] < 1:
-            raise KvdiagError(f"{where}: 'round' must be a positive integer")
-        _int_list(row["prompt_ids"], where, "prompt_ids")
-        _int_list(row["output_ids"], where, "output_ids")
-        if not row["prompt_ids"] or not row["output_ids"]:
-            raise KvdiagError(f"{where}: 'prompt_ids' and 'output_ids' must not be empty")
-        for key in ("cache_salt", "lora"):
-            value = row.get(key)
-            if value is not None and (not isinstance(value, str) or not value):
-                raise KvdiagError(f"{where}: {key!r} must be a non-empty string or null")
-        think = row.get("think_steps", 0)
-        if not isinstance(think, int) or think < 0:
-            raise KvdiagError(f"{where}: 'think_steps' must be a non-negative integer")
-        key = (str(row["session"]), row["round"])
+    for n, line in rows:
+        request = _validated(TraceRequest, line, f"{path}:{n}")
+        key = (request.session, request.round)
         if key in seen:
-            raise KvdiagError(f"{where}: duplicate request {key[0]} round {key[1]}")
+            raise KvdiagError(f"{path}:{n}: duplicate request {key[0]} round {key[1]}")
         seen.add(key)
-        if row.get("fact_check_pass") is None:
-            row["fact_check_pass"] = math.nan
-        row["session"] = str(row["session"])
-        requests.append(TraceRequest(**row))
+        requests.append(request)
     trace = Trace(config, requests)
     for session, rounds in trace.by_session().items():
         if [r.round for r in rounds] != list(range(1, len(rounds) + 1)):
@@ -245,3 +217,30 @@ def read_trace(path: Path) -> Trace:
         raise KvdiagError(f"{path}: a request of {longest} tokens needs more than the "
                           f"{config.num_blocks} blocks of the pool (num_blocks)")
     return trace
+
+
+@functools.cache
+def _adapter(cls) -> TypeAdapter:
+    return TypeAdapter(cls)
+
+
+def _validated(cls, line: str, where: str):
+    """One JSON line as a `cls` (pydantic, strict: no "1" for 1, no true for 1); one
+    KvdiagError naming `where` and the key otherwise."""
+    try:
+        return _adapter(cls).validate_json(line)
+    except ValidationError as e:
+        first = e.errors()[0]
+    kind, loc = first["type"], first["loc"]
+    key = repr(loc[0]) + "".join(f"[{x}]" for x in loc[1:]) if loc else ""
+    if kind == "json_invalid":
+        message = f"not JSON ({first['msg'].removeprefix('Invalid JSON: ')})"
+    elif not loc:
+        message = "expected a JSON object"
+    elif kind in ("missing", "missing_argument"):
+        message = f"missing key {key}"
+    elif kind in ("unexpected_keyword_argument", "extra_forbidden"):
+        message = f"unknown key {key}"
+    else:
+        message = f"{key}: {first['msg']} (got {repr(first['input'])[:60]})"
+    raise KvdiagError(f"{where}: {message}")

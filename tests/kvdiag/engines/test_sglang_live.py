@@ -82,6 +82,27 @@ def test_probe_of_sglang_local(fault, tmp_path):
     assert first["shared_token"] != first["isolated_token"]
 
 
+@pytest.mark.parametrize("fault", ["dedup-no-remap", "abort-publish"])
+@pytest.mark.slow
+@pytest.mark.sglang_live
+@needs_sglang
+def test_the_default_probe_reaches_each_lifecycle_plants_event(fault, tmp_path):
+    """The black box against SGLang's lifecycle plants: the default probe reaches the event each
+    lives at (abort-publish: cancels aborted by rid mid-prefill) and ends with a verdict, SGLang
+    silent. Whether a run FAILs is a measured rate (docs/faults.md), printed, not asserted."""
+    from kvdiag.engines.sglang.faults import FAULTS
+
+    code, summary, err = _kvdiag("probe", "--target", f"sglang-local:{fault}", "--suite", "smoke",
+                                 "--out", str(tmp_path / "p"))
+    print("LIFECYCLE-PROBE", json.dumps({"fault": fault, "exit": code, "verdict": summary.get("verdict"),
+                                         "corrupted": summary.get("corrupted_requests")}))
+    assert code in (0, 1), err[-3000:]
+    assert summary["verdict"] in ("pass", "fail")
+    assert {r["event"]: r["reached"] for r in summary["events"]}[FAULTS[fault].event], summary["events"]
+    log = (tmp_path / "p" / "sglang.log").read_text(errors="replace")
+    assert f"PLANTED FAULT {fault}" in log and "Traceback" not in log
+
+
 @pytest.mark.parametrize("fault", [None, "match-overrun", "page-overrun"])
 @pytest.mark.slow
 @pytest.mark.sglang_live
