@@ -6,11 +6,11 @@ inline matplotlib SVG, each run's verdict marked). The page is a jinja2 template
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 
 from kvdiag.errors import KvdiagError
+from kvdiag.report.style import template
 
 COLORS = {"PASS": "#d4edda", "FAIL": "#f8d7da", "INCONCLUSIVE": "#fde9c8", "ERROR": "#e9d5ff",
           "NOT RUN": "#eeeeee"}
@@ -95,12 +95,6 @@ task error, time limit) or its ground truth hit the cache.</p>
 """
 
 
-@functools.cache
-def _template():
-    import jinja2
-
-    return jinja2.Environment(autoescape=True, keep_trailing_newline=True).from_string(_PAGE)
-
 
 def render(run_dir: Path) -> str:
     from markupsafe import Markup
@@ -122,7 +116,7 @@ def render(run_dir: Path) -> str:
             cells.append((cid, o, bool(o.get("run_dir")) and (run_dir / cid / "report.html").is_file()))
         past = trend(Path(plan["history"]), t["spec"])
         rows.append((t["name"], t["spec"], cells, Markup(sparkline(past, f"sqdr{len(rows)}"))))
-    return _template().render(
+    return template(_PAGE).render(
         name=run_dir.name, fleet=plan["fleet"], history=plan["history"], columns=columns,
         total=", ".join(f"{n} {s}" for s, n in sorted(counts.items())), rows=rows,
         colors=COLORS)

@@ -8,10 +8,9 @@ Reads only summary.json (kvdiag.summary.CompareSummary), like the matrix and iso
 
 from __future__ import annotations
 
-import functools
 import math
 
-from kvdiag.report.style import CSS
+from kvdiag.report.style import CSS, template
 from kvdiag.verdicts import Verdict
 
 PANELS = (("bleu4", "BLEU-4", (-3, 103)),  # column, label, y limits: kvdiag.report.plots.PANELS
@@ -96,12 +95,6 @@ _PAGE = (
     '{% endfor %}</table></details></section></body></html>\n')
 
 
-@functools.cache
-def _template():
-    import jinja2
-
-    return jinja2.Environment(autoescape=True, keep_trailing_newline=True).from_string(_PAGE)
-
 
 def page(summary: dict) -> str:
     from markupsafe import Markup
@@ -113,7 +106,7 @@ def page(summary: dict) -> str:
     rounds = [(r["target"], r["round"], _number(r.get("bleu4"), ".2f"),
                _number(r.get("fact_check_pass_rate"), ".3f"), r.get("diverged_sessions", 0))
               for r in summary.get("rounds", [])]
-    return _template().render(
+    return template(_PAGE).render(
         css=Markup(CSS), verdict=Verdict.parse(summary.get("verdict")).value,
         reason=str(summary.get("reason", "")), command=str(summary.get("command") or ""),
         meta=[(k, summary.get(k) or "-") for k in ("suite", "sessions_file", "signature",

@@ -9,9 +9,8 @@ loaded from anywhere). Both read only summary.json's `isolation` block.
 
 from __future__ import annotations
 
-import functools
-
 from kvdiag.report.style import CSS as _CSS
+from kvdiag.report.style import template
 
 TITLES = {
     "no-salt": "No salt: shared cache (the exposure of an unsalted deployment; not judged)",
@@ -48,12 +47,6 @@ _PAGE = (
     '</header>{{ fragment }}</body></html>\n')
 
 
-@functools.cache
-def _template(source: str):
-    import jinja2
-
-    return jinja2.Environment(autoescape=True, keep_trailing_newline=True).from_string(source)
-
 
 def fragment(summary: dict) -> str:
     from markupsafe import Markup
@@ -64,7 +57,7 @@ def fragment(summary: dict) -> str:
         rows = sorted((c for c in cells if c["config"] == config), key=lambda c: c["length"])
         sections.append((TITLES.get(config, config), config, Markup(plot(rows, config)),
                          [_row(r) for r in rows]))
-    return _template(_FRAGMENT).render(reason=str(summary.get("reason", "")), head=HEAD,
+    return template(_FRAGMENT).render(reason=str(summary.get("reason", "")), head=HEAD,
                                        sections=sections)
 
 
@@ -72,7 +65,7 @@ def page(summary: dict) -> str:
     from markupsafe import Markup
 
     verdict = str(summary.get("verdict", "unknown"))
-    return _template(_PAGE).render(
+    return template(_PAGE).render(
         css=Markup(_CSS), verdict=verdict,
         css_class=verdict if verdict in ("pass", "fail", "inconclusive", "error") else "error",
         meta=[(k, summary.get(k, "?"))

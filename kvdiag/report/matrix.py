@@ -4,9 +4,7 @@ one, what was measured), each live row linked to its own run's report."""
 
 from __future__ import annotations
 
-import functools
-
-from kvdiag.report.style import CSS
+from kvdiag.report.style import CSS, template
 from kvdiag.verdicts import Verdict
 
 COLUMNS = (("fault", "fault"), ("path", "path"), ("class", "class"), ("event", "event"), ("verdict", "verdict"),
@@ -40,17 +38,11 @@ _PAGE = (
     '{% endfor %}</table></body></html>\n')
 
 
-@functools.cache
-def _template():
-    import jinja2
-
-    return jinja2.Environment(autoescape=True, keep_trailing_newline=True).from_string(_PAGE)
-
 
 def page(summary: dict) -> str:
     from markupsafe import Markup
 
-    return _template().render(
+    return template(_PAGE).render(
         css=Markup(CSS), verdict=Verdict.parse(summary.get("verdict")).value,
         engine=summary.get("engine", "?"), reason=summary.get("reason", ""),
         suite=summary.get("suite", "?"), signature=summary.get("signature", ""),

@@ -1,4 +1,7 @@
-"""The stylesheet every kvdiag HTML page inlines (no external resources)."""
+"""The stylesheet every kvdiag HTML page inlines (no external resources), and the jinja2
+template every page but the run report is compiled through (autoescaped, cached)."""
+
+import functools
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;
@@ -28,3 +31,11 @@ td.healthy,td.pass{background:#dcf3e3;color:#11552a} td.watch{background:#fff1cc
 td.alert,td.fail{background:#fadbd8;color:#8e2218;font-weight:600} td.na{color:#777}
 nav a{margin-right:14px}
 """
+
+
+@functools.cache
+def template(source: str):
+    """`source` compiled once: autoescape on, the page's final newline kept."""
+    import jinja2
+
+    return jinja2.Environment(autoescape=True, keep_trailing_newline=True).from_string(source)

@@ -69,9 +69,6 @@ async def lifecycle_phase(endpoint: Endpoint, life: LifePlan, store: RoundStore,
         store.add(LIFE, q.j, 0, res, group=q.group, salt=q.salt, **extra)
         tick()
 
-    def after(q: LifeRequest) -> bool:  # a follower or revisit goes where its earlier request went
-        return q.of is None or (LIFE, q.of, 0) in store.done
-
     await asyncio.gather(*(one(q) for q in life.group("warm")))
     sampler = _Sampler(endpoint)
     task = asyncio.create_task(sampler.run())
@@ -85,7 +82,7 @@ async def lifecycle_phase(endpoint: Endpoint, life: LifePlan, store: RoundStore,
         sampler.stop = True
         await task
     observed["sampled"] = sampler.summary()
-    await _revisit([q for q in life.group("revisit") if after(q)], store, one)
+    await _revisit(life.group("revisit"), store, one)
     await _chunked(life.group("chunk"), [q for q in life.group("dedup") if q.salt == "dedup-chunk"],
                    one, endpoint, run_salt, observed)
     prefill = _prefill_seconds(observed.get("chunk"), life)

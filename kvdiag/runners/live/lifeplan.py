@@ -30,7 +30,7 @@ class LifeRequest:
     max_tokens: int
     salt: str
     ignore_eos: bool = False
-    of: int | None = None  # a follower's or revisit's earlier request: sent only if that one was
+    of: int | None = None  # a follower's or revisit's earlier request (revisits go newest first)
 
 
 @dataclass(frozen=True)

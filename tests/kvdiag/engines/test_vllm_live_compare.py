@@ -13,13 +13,12 @@ import sys
 import pytest
 
 from kvdiag.engines.vllm.launcher import vllm_available
-from tests.kvdiag.engines.test_vllm_live_sessions import smollm2  # noqa: F401  (the fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm_live,
               pytest.mark.skipif(not vllm_available(), reason="no vLLM env: make vllm-cpu-env")]
 
 
-def test_healthy_and_planted_vllm_on_one_page(smollm2, tmp_path):  # noqa: F811
+def test_healthy_and_planted_vllm_on_one_page(smollm2, tmp_path):
     out = tmp_path / "cmp"
     run = subprocess.run([sys.executable, "-m", "kvdiag", "compare", "--target", "vllm-local",
                           "--target", "vllm-local:stale-hash", "--model", str(smollm2.out_dir),

@@ -21,19 +21,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm_live,
               pytest.mark.skipif(not vllm_available(), reason="no vLLM env: make vllm-cpu-env")]
 
 
-@pytest.fixture(scope="module")
-def smollm2(tmp_path_factory):
-    """SmolLM2 imported in bfloat16 (the dtype vLLM serves it in) into a temporary directory."""
-    pytest.importorskip("gguf", reason="GGUF import needs the gguf package: make real-model")
-    from kvdiag.models import gguf_import
-
-    try:
-        source = gguf_import.packaged_gguf()
-    except Exception as e:
-        pytest.skip(f"{e} (or: make real-model)")
-    return gguf_import.import_gguf(source, tmp_path_factory.mktemp("smollm2") / "bf16", "bfloat16")
-
-
 def test_probe_passes_real_vllm_serving_smollm2_in_natural_style(smollm2, tmp_path):
     run = subprocess.run([sys.executable, "-m", "kvdiag", "probe", "--target", "vllm-local",
                           "--model", str(smollm2.out_dir), "--suite", "natural", "--out",
