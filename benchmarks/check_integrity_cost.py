@@ -55,8 +55,8 @@ def main() -> int:
     args = ap.parse_args()
 
     from kvdiag.paths import CANARY
-    from kvdiag.plan import plan_case
-    from kvdiag.suites import load_suite
+    from kvdiag.planning.plan import plan_case
+    from kvdiag.planning.suites import load_suite
     from reference_engine.loader import load_checkpoint
 
     suite = load_suite("reproduce")

@@ -23,14 +23,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main() -> int:
+    from kvdiag.engines.spec import ENGINES
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--engine", default="vllm", choices=("vllm", "sglang"))
+    parser.add_argument("--engine", default="vllm", choices=tuple(ENGINES))
     parser.add_argument("--faults", default="all")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     from kvdiag.commands.detect import detect
 
-    paths = ["audit", "live"] if args.engine == "vllm" else ["live"]
+    paths = ["live"] if ENGINES[args.engine].no_audit else ["audit", "live"]
     load = os.getloadavg()
     result = detect(args.engine, [args.faults], paths, "smoke", out_dir=args.out, info=print)
     after = os.getloadavg()

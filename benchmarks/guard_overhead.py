@@ -49,8 +49,8 @@ def run(checkpoint, plan, allocator: str, capture: bool) -> tuple[float, float]:
 
 
 def main() -> int:
-    from kvdiag.plan import plan_case
-    from kvdiag.suites import load_suite
+    from kvdiag.planning.plan import plan_case
+    from kvdiag.planning.suites import load_suite
     from reference_engine.loader import load_checkpoint
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

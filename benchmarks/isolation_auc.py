@@ -42,7 +42,8 @@ def vllm_server(fault: str | None):
 
 def audit(url: str, model: str, args) -> object:
     from kvdiag.runners.live.endpoint import Endpoint
-    from kvdiag.runners.live.isolation import IsolationPlan, parse_lengths, run_isolation
+    from kvdiag.runners.live.isolation import run_isolation
+    from kvdiag.runners.live.isolation_plan import IsolationPlan, parse_lengths
 
     ep = Endpoint(url, model, timeout=300.0, retries=2)
     try:

@@ -86,7 +86,7 @@ def throughput(model_dir: Path, prompt_len: int, new: int, repeats: int) -> None
 
 def natural_case(model_dir: Path) -> None:
     from kvdiag.commands.reproduce import run_suite
-    from kvdiag.suites import load_suite
+    from kvdiag.planning.suites import load_suite
 
     # the allocators in turn, so that each one's seconds are its own (side by side they overlap)
     os.environ["KVDIAG_ALLOCATOR_WORKERS"] = "1"

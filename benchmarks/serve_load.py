@@ -52,8 +52,8 @@ async def drive(url: str, plan, concurrency: int) -> dict:
 
 
 def main() -> int:
-    from kvdiag.plan import plan_case
-    from kvdiag.suites import load_suite
+    from kvdiag.planning.plan import plan_case
+    from kvdiag.planning.suites import load_suite
     from reference_engine.tokenizer import Tokenizer
     from tests.kvdiag.serving import served
 

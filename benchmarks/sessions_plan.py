@@ -2,7 +2,7 @@
 
 Writes two OpenAI-format files of 10-round conversations, one of `--sessions` conversations
 and one ten times longer, then plans `--sessions` x 10 rounds from each with the canary's
-tokenizer, as kvdiag.plan wraps it (the suite's case asks for that many sessions; the planner reads no further), and
+tokenizer, as kvdiag.planning.plan wraps it (the suite's case asks for that many sessions; the planner reads no further), and
 validates each file whole (kvdiag probe does that before any server starts).
 
     python benchmarks/sessions_plan.py [--sessions 100]
@@ -55,10 +55,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sessions", type=int, default=100)
     args = ap.parse_args()
-    from kvdiag.plan import PieceEncoder
-    from kvdiag.suites import load_suite
+    from kvdiag.planning.plan import PieceEncoder
+    from kvdiag.planning.sessions import plan_sessions_file
+    from kvdiag.planning.suites import load_suite
     from kvdiag.userdata.formats import check_file
-    from kvdiag.userdata.plan import plan_sessions_file
     from reference_engine.tokenizer import Tokenizer
 
     canary = Tokenizer.from_dir(ROOT / "fixtures" / "canary")

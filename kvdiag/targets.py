@@ -15,9 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvdiag.engines.spec import ENGINES, EngineSpec
 from kvdiag.errors import KvdiagError
-
-LOCAL_ENGINES = ("vllm", "sglang")  # <engine>-local[:FAULT]
 
 
 @dataclass(frozen=True)
@@ -25,7 +24,7 @@ class Target:
     spec: str
     url: str | None = None  # a live server's (a local engine's once started)
     allocator: str | None = None  # reference targets
-    engine: str | None = None  # local engines: vllm or sglang
+    engine: EngineSpec | None = None  # local engines: the one kvdiag starts (engines/spec.py)
     fault: str | None = None  # local engines: the fault planted, or None
 
     @property
@@ -37,14 +36,13 @@ class Target:
         """A real engine kvdiag starts and stops itself."""
         return self.engine is not None
 
-
-def check_fault(engine: str, name: str | None) -> str | None:
-    """A fault name of that engine's catalog, or None; KvdiagError names the known ones."""
-    if engine == "vllm":
-        from kvdiag.engines.vllm.faults import check_fault as check
-    else:
-        from kvdiag.engines.sglang.faults import check_fault as check
-    return check(name)
+    @property
+    def kind(self) -> str:
+        """url, reference or its engine's `<engine>-local`, kept once that server runs and the
+        target has its URL (a fleet places a local engine's cells by it)."""
+        if self.engine is not None:
+            return self.engine.target_kind
+        return "reference" if self.is_reference else "url"
 
 
 def parse_target(spec: str) -> Target:
@@ -56,9 +54,9 @@ def parse_target(spec: str) -> Target:
         name = rest or "guarded"
         check_allocator(name, f"--target {spec}")
         return Target(f"reference:{name}", allocator=name)
-    engine = kind.removesuffix("-local")
-    if kind.endswith("-local") and engine in LOCAL_ENGINES:
-        fault = check_fault(engine, rest or None)
+    engine = ENGINES.get(kind.removesuffix("-local")) if kind.endswith("-local") else None
+    if engine is not None:
+        fault = engine.check_fault(rest or None)
         return Target(kind + (f":{fault}" if fault else ""), engine=engine, fault=fault)
     raise KvdiagError(f"--target {spec!r}: expected reference:ALLOCATOR, vllm-local[:FAULT], "
                       "sglang-local[:FAULT] or an http(s):// URL")

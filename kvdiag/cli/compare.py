@@ -73,5 +73,5 @@ def compare(
                  out_dir=out_dir, info=out.info, warn=out.warn, progress=out.progress)
     if not as_json:
         for t in result.summary.targets:
-            out.out.print(f"{t['verdict'].upper():12} {t['target']}: {t['reason']}", markup=False)
+            out.out.print(f"{t.verdict.value.upper():12} {t.target}: {t.reason}", markup=False)
     out.finish(result)

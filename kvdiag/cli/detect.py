@@ -44,10 +44,11 @@ def detect(
     """
     out = Output(as_json)
     if list_faults:
-        from kvdiag.commands.detect import catalog
+        from kvdiag.engines.spec import engine_spec
 
         rows = [{"fault": f.name, "class": f.fault_class, "effects": list(f.effects), "live": f.live,
-                 "reports": list(f.reports), "summary": f.summary} for f in catalog(engine).values()]
+                 "reports": list(f.reports), "summary": f.summary}
+                for f in engine_spec(engine, "--engine").catalog().values()]
         out.show(rows, *(f"{r['fault']:24} {r['class']} ({', '.join(r['effects'])}; live: {r['live']})\n"
                          f"{'':24} {'; '.join(r['reports'])}" for r in rows))
         return

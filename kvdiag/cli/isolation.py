@@ -65,7 +65,7 @@ def isolation(
     Example: kvdiag isolation --base-url http://127.0.0.1:8000 --model canary --trials 8
     """
     from kvdiag.commands.isolation import audit_target
-    from kvdiag.runners.live.isolation import IsolationPlan, parse_lengths
+    from kvdiag.runners.live.isolation_plan import IsolationPlan, parse_lengths
 
     out = Output(as_json)
     plan = IsolationPlan(lengths=parse_lengths(lengths), trials=trials, warmup=warmup,

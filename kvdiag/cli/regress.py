@@ -122,8 +122,8 @@ def baseline_update(
     H.record_baseline(history_path, {
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "baseline_file": str(baseline), "key_id": new.key.id, "run_id": new.run_id,
-        "verdict": verdict, "forced": int(verdict != "pass"),
-        "reason": f"--force: the run's verdict was {verdict}" if verdict != "pass" else None})
+        "verdict": verdict.value, "forced": int(not verdict.passed),
+        "reason": None if verdict.passed else f"--force: the run's verdict was {verdict.value}"})
     was = f" (replacing run {replaced.run_id})" if replaced else ""
     Output(as_json).show(
         {"baseline": str(baseline), "key_id": new.key.id, "run_id": new.run_id,

@@ -24,9 +24,9 @@ def report(
 
     Example: kvdiag report reports/reproduce-20261130-221500
     """
+    from kvdiag.record.rundir import require_finished
     from kvdiag.regress.history import trend
     from kvdiag.report.html import write_report
-    from kvdiag.rundir import require_finished
 
     require_finished(run_dir)  # an interrupted run is never shown as finished
     frame = None if history is None else trend(history, run_dir)

@@ -22,7 +22,7 @@ def schema(
 
     Example: kvdiag schema --out summary.schema.json
     """
-    from kvdiag.summary import json_schema
+    from kvdiag.record.kinds import json_schema
 
     text = json.dumps(json_schema(), indent=2) + "\n"
     if out is None:

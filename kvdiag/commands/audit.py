@@ -4,7 +4,7 @@
              run; a fault to plant into vLLM in this process (`--fault`), checked first
     measure  kvdiag.runners.replay.audit.audit_trace (the fault planted for the replay only)
     judge    kvdiag.verdicts.judge_audit
-    finish   AuditSummary, kvdiag.lifecycle.finish_run
+    finish   AuditSummary, kvdiag.commands.lifecycle.finish_run
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
+from kvdiag.commands.lifecycle import finish_run
 from kvdiag.errors import KvdiagError
-from kvdiag.lifecycle import finish_run
-from kvdiag.results import RunResult, Signature, model_label
+from kvdiag.record.results import RunResult, Signature, model_label
+from kvdiag.record.summary import AuditSummary
 from kvdiag.runners.replay.audit import AuditRun, audit_trace, trace_for_case
-from kvdiag.summary import AuditSummary
 from kvdiag.verdicts import Judgement, judge_audit, judge_reference
 from kvdiag.vocab import VLLM
 
@@ -55,10 +55,10 @@ def audit_run(suite: str, case: str | None = None, *, trace: Path | None = None,
     `case`, saved to `write_trace` if given, audited with `compare` ('none': no allocator of
     ours) and `fault` planted in vLLM for the replay, into a finished run directory."""
     from kvdiag.paths import CANARY
-    from kvdiag.rundir import RunDir, Timer
+    from kvdiag.planning.suites import load_cases
+    from kvdiag.record.rundir import RunDir, Timer
     from kvdiag.runners.replay.trace import read_trace
     from kvdiag.runners.replay.trace import write_trace as save_trace
-    from kvdiag.suites import load_cases
     from kvdiag.targets import check_allocator
 
     timer = Timer()

@@ -22,9 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+from kvdiag.commands.lifecycle import no_progress
 from kvdiag.errors import KvdiagError
-from kvdiag.lifecycle import no_progress
-from kvdiag.results import RunResult
+from kvdiag.record.results import RunResult
 
 SHARED = "shared"  # kvdiag.runners.live.phases.SHARED: the series the page draws
 
@@ -73,10 +73,10 @@ def compare(targets: list[str], suite: str = "reproduce", case: list[str] | str 
             info: Callable[[str], None] = lambda _: None, warn: Callable[[str], None] = lambda _: None,
             progress=no_progress) -> RunResult:
     """kvdiag compare, start to finish (see the module docstring)."""
+    from kvdiag.commands.lifecycle import stamp
     from kvdiag.commands.probe import probe
-    from kvdiag.lifecycle import stamp
-    from kvdiag.rundir import RunDir, Timer, write_run
-    from kvdiag.suites import load_cases
+    from kvdiag.planning.suites import load_cases
+    from kvdiag.record.rundir import RunDir, Timer, write_run
     from kvdiag.userdata import command as userdata
 
     timer = Timer()
@@ -99,7 +99,7 @@ def compare(targets: list[str], suite: str = "reproduce", case: list[str] | str 
         write_run(run.path, frame, summary)
         from kvdiag.report.compare import page
 
-        (run.path / "report.html").write_text(page(summary.as_dict()), encoding="utf-8")
+        (run.path / "report.html").write_text(page(summary), encoding="utf-8")
     result = RunResult("compare", frame, summary)
     result.run_dir = run.commit()
     return result
@@ -118,14 +118,14 @@ def _probe_one(probe, end: Endpoint, sub: Path, **options) -> dict:
     except (KvdiagError, EngineError) as e:
         judged = judge_unmeasured((str(e).splitlines() or [type(e).__name__])[0])
         kept = sub.name if sub.is_dir() else None
-        return {"target": end.spec, "verdict": judged.verdict.value, "reason": judged.reason,
+        return {"target": end.spec, "verdict": judged.verdict, "reason": judged.reason,
                 "run_dir": kept, "signature": None, "sqdr": None, "first_corruption_round": None,
                 "rounds": []}
     s = res.summary
     shared = [r.model_dump(mode="json") | {"target": end.spec} for r in s.rounds
               if r.allocator == SHARED]
     sqdr = next((v for k, v in s.sqdr.items() if v is not None), None)
-    return {"target": end.spec, "verdict": s.verdict.value, "reason": s.reason,
+    return {"target": end.spec, "verdict": s.verdict, "reason": s.reason,
             "run_dir": sub.name, "signature": s.signature, "sqdr": sqdr,
             "first_corruption_round": min(s.corruption_rounds, default=None), "rounds": shared}
 
@@ -133,11 +133,11 @@ def _probe_one(probe, end: Endpoint, sub: Path, **options) -> dict:
 def compare_summary(rows: list[dict], suite, model: str | None):
     """The CompareSummary of the targets' rows, its verdict decided by judge_compare."""
     from kvdiag.metrics.bleu import bleu_signature
-    from kvdiag.results import Signature
-    from kvdiag.summary import CompareSummary
-    from kvdiag.verdicts import Verdict, judge_compare
+    from kvdiag.record.results import Signature
+    from kvdiag.record.summary import CompareSummary
+    from kvdiag.verdicts import judge_compare
 
-    judged = judge_compare((r["target"], Verdict.parse(r["verdict"])) for r in rows)
+    judged = judge_compare((r["target"], r["verdict"]) for r in rows)
     first = next((r["signature"] for r in rows if r["signature"]), None)
     parts = dict(p.split(":", 1) for p in first.split("|")) if first else {}
     signature = Signature(engine="compare:" + "+".join(r["target"] for r in rows),

@@ -18,11 +18,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from kvdiag.commands.lifecycle import finish_run, no_progress
 from kvdiag.engines.fault import Fault
+from kvdiag.engines.spec import EngineSpec, engine_spec
 from kvdiag.errors import KvdiagError
-from kvdiag.lifecycle import finish_run, no_progress
-from kvdiag.results import RunResult, Signature, model_label
-from kvdiag.summary import MatrixSummary
+from kvdiag.record.results import RunResult, Signature, model_label
+from kvdiag.record.summary import IsolationSummary, MatrixSummary, ProbeSummary
 from kvdiag.verdicts import Verdict, caught_as_expected, expected_detection, judge_matrix
 
 HEALTHY = "healthy"
@@ -30,49 +31,36 @@ PATHS = ("audit", "live")
 ADAPTER = "canary-lora"
 
 
-def catalog(engine: str) -> dict[str, Fault]:
-    if engine == "vllm":
-        from kvdiag.engines.vllm.catalog import FAULTS
-    elif engine == "sglang":
-        from kvdiag.engines.sglang.faults import FAULTS
-    else:
-        raise KvdiagError(f"--engine {engine!r}: expected vllm or sglang")
-    return FAULTS
-
-
-def choose(engine: str, faults: list[str] | None, paths: list[str]) -> tuple[list[str], list[str]]:
+def choose(engine: EngineSpec, faults: list[str] | None, paths: list[str]) -> tuple[list[str], list[str]]:
     """The rows' faults (healthy first) and paths, checked before anything starts."""
-    known = catalog(engine)
+    known = engine.catalog()
     names = [n for f in faults or ["all"] for n in f.split(",") if n]
     if "all" in names:
         names = list(known)
-    if engine == "vllm":  # NAME:ARG (slot-omitted:5), checked before anything starts
-        from kvdiag.engines.vllm.catalog import parse
-
-        for n in names:
-            if n != HEALTHY and n.partition(":")[0] in known:
-                parse(n)
+    for n in names:  # NAME:ARG (slot-omitted:5) too, checked before anything starts
+        if n != HEALTHY and n.partition(":")[0] in known:
+            engine.check_fault(n)
     unknown = [n for n in names if n.partition(":")[0] not in known and n != HEALTHY]
     if unknown:
-        shown = {"vllm": "vLLM", "sglang": "SGLang"}[engine]
-        raise KvdiagError(f"unknown {shown} fault {unknown[0]!r} (known: {', '.join(known)})")
+        raise KvdiagError(f"unknown {engine.label} fault {unknown[0]!r} (known: {', '.join(known)})")
     bad = [p for p in paths if p not in PATHS]
     if bad or not paths:
         raise KvdiagError(f"--paths {','.join(paths)}: expected audit, live or both")
-    if engine == "sglang" and "audit" in paths:
-        raise KvdiagError("--engine sglang has no model-free audit (kvdiag replays vLLM's allocator "
-                          "only; SGLang's radix tree is probed live): give --paths live")
+    if engine.no_audit and "audit" in paths:
+        raise KvdiagError(f"--engine {engine.name} has no model-free audit ({engine.no_audit}): "
+                          "give --paths live")
     return [HEALTHY] + [n for n in dict.fromkeys(names) if n != HEALTHY], list(dict.fromkeys(paths))
 
 
 def row(name: str, fault: Fault | None, path: str, verdict: Verdict, reason: str, seconds: float,
         **facts) -> dict:
-    """One row of the matrix (results.parquet and summary.json's `matrix`)."""
+    """One row of the matrix (results.parquet and summary.json's `matrix`); its verdicts stay
+    Verdicts until they are written (pyarrow and pydantic write their words)."""
     want = expected_detection(fault.live if fault else None, path)
     return {"fault": name, "path": path, "class": fault.fault_class if fault else "-",
             "event": (fault.event or "lookup") if fault else "-",
             "reports": "; ".join(fault.reports) if fault else "",
-            "verdict": verdict.value, "expected": want.value,
+            "verdict": verdict, "expected": want,
             "caught": caught_as_expected(verdict, want), "caught_by": facts.get("caught_by", "-"),
             "corrupted": facts.get("corrupted"),
             "first_round": facts.get("first_round"), "requests_to_first": facts.get("requests_to_first"),
@@ -112,17 +100,17 @@ def audit_rows(names: list[str], faults: dict, trace, info: Callable[[str], None
     return out
 
 
-def live_row(engine: str, name: str, fault: Fault | None, suite: str, case: str | None,
+def live_row(engine: EngineSpec, name: str, fault: Fault | None, suite: str, case: str | None,
              out: Path, info: Callable[[str], None]) -> dict:
     """One fault on a real server kvdiag starts (its own run directory under `out`)."""
     from kvdiag.commands.isolation import audit_target
     from kvdiag.commands.probe import probe
-    from kvdiag.runners.live.isolation import IsolationPlan
+    from kvdiag.runners.live.isolation_plan import IsolationPlan
     from kvdiag.runners.live.phases import ProbeSettings
 
     if (why := unreachable(fault, "live")) is not None:
         return why
-    target = f"{engine}-local" + ("" if fault is None else f":{name}")
+    target = engine.target_kind + ("" if fault is None else f":{name}")
     mode = fault.live if fault else "probe"
     adapter = ADAPTER if fault is not None and fault.adapter else None
     info(f"live: {target} ({mode})")
@@ -142,29 +130,30 @@ def live_row(engine: str, name: str, fault: Fault | None, suite: str, case: str 
         judged = judge_unmeasured(str(e).splitlines()[0])
         return row(name, fault, "live", judged.verdict, judged.reason, time.perf_counter() - t0)
     s = result.summary
-    firsts = getattr(s, "first_divergences", None) or []
-    over = ((getattr(s, "key_coverage", None) or {}).get("oracle") or {})
+    probe = s if isinstance(s, ProbeSummary) else None  # else the isolation audit's
+    firsts = (probe.first_divergences or []) if probe else []
+    over = (probe.key_coverage.get("oracle") or {}) if probe else {}
     # the request (in landing order) of the first detection, by any channel
     landed = [f.get("index") for f in firsts] + [e.get("index") for e in over.get("examples", [])]
     landed = [i for i in landed if i is not None]
     return row(name, fault, "live", result.verdict, s.reason, time.perf_counter() - t0,
-               corrupted=getattr(s, "corrupted_requests", None),
+               corrupted=probe.corrupted_requests if probe else None,
                first_round=firsts[0]["round"] if firsts else None,
                requests_to_first=min(landed) + 1 if landed else None,
-               numerics=getattr(s, "numerics_requests", None), run_dir=str(result.run_dir),
+               numerics=probe.numerics_requests if probe else None, run_dir=str(result.run_dir),
                caught_by=_live_channels(s))
 
 
-def _live_channels(s) -> str:
+def _live_channels(s: ProbeSummary | IsolationSummary) -> str:
     """How a live run caught its fault, from what its judge counted: over-hit, answer, prompt
     logprobs, ground truth (isolated requests hit the cache), the isolation audit."""
-    if getattr(s, "kind", "") == "isolation":
+    if isinstance(s, IsolationSummary):
         return "isolation" if s.verdict is Verdict.FAIL else "-"
-    over = ((getattr(s, "key_coverage", None) or {}).get("oracle") or {}).get("over_hits", 0)
-    found = [("over-hit", over), ("answer", getattr(s, "corrupted_requests", 0)),
-             ("logprobs", (getattr(s, "prompt_logprobs", None) or {}).get("mismatched", 0)),
-             ("top-k", (getattr(s, "topk", None) or {}).get("departed", 0)),
-             ("ground truth", (getattr(s, "ground_truth", None) or {}).get("contaminated", 0))]
+    over = (s.key_coverage.get("oracle") or {}).get("over_hits", 0)
+    found = [("over-hit", over), ("answer", s.corrupted_requests),
+             ("logprobs", s.prompt_logprobs.get("mismatched", 0)),
+             ("top-k", s.topk.get("departed", 0)),
+             ("ground truth", s.ground_truth.get("contaminated", 0))]
     return ",".join(what for what, n in found if n) or "-"
 
 
@@ -187,12 +176,13 @@ def detect(engine: str = "vllm", faults: list[str] | None = None, paths: list[st
     import pandas as pd
 
     from kvdiag.paths import CANARY
-    from kvdiag.rundir import RunDir, Timer
-    from kvdiag.suites import load_cases
+    from kvdiag.planning.suites import load_cases
+    from kvdiag.record.rundir import RunDir, Timer
 
     timer = Timer()
-    names, paths = choose(engine, faults, list(paths))
-    known = catalog(engine)
+    spec = engine_spec(engine, "--engine")
+    names, paths = choose(spec, faults, list(paths))
+    known = spec.catalog()
     loaded, (chosen,) = load_cases(suite, case, one=True)
     rows: list[dict] = []
     with RunDir.begin(out_dir, f"detect-{engine}") as run, progress("detect", len(names) * len(paths)) as update:
@@ -205,10 +195,9 @@ def detect(engine: str = "vllm", faults: list[str] | None = None, paths: list[st
             update(advance=len(names))
         if "live" in paths:
             for name in names:
-                rows.append(live_row(engine, name, known.get(name.partition(":")[0]), suite, chosen.name, run.path, info))
+                rows.append(live_row(spec, name, known.get(name.partition(":")[0]), suite, chosen.name, run.path, info))
                 update(advance=1)
-    judged = judge_matrix((f"{r['fault']}/{r['path']}", Verdict(r["verdict"]), Verdict(r["expected"]))
-                          for r in rows)
+    judged = judge_matrix((f"{r['fault']}/{r['path']}", r["verdict"], r["expected"]) for r in rows)
     signature = Signature(engine=f"detect:{engine}", allocators=tuple(paths), block_size=loaded.block_size,
                           model=model_label(CANARY), suite=loaded.name, seed=loaded.seed)
     summary = MatrixSummary(signature=signature.format(), suite=loaded.name, verdict=judged.verdict,

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvdiag.lifecycle import no_progress
-from kvdiag.results import RunResult, Signature
+from kvdiag.commands.lifecycle import no_progress
+from kvdiag.record.results import RunResult, Signature
+from kvdiag.record.summary import IsolationSummary
 from kvdiag.runners.live.endpoint import Endpoint
-from kvdiag.runners.live.isolation import IsolationPlan, IsolationResult, run_isolation
-from kvdiag.summary import IsolationSummary
+from kvdiag.runners.live.isolation import IsolationResult, run_isolation
+from kvdiag.runners.live.isolation_plan import IsolationPlan
 from kvdiag.verdicts import Judgement, judge_isolation
 
 ROW_COLUMNS = ["config", "length", "trial", "role", "ttft_s", "cached_tokens"]
@@ -33,7 +34,7 @@ def audit_target(base_url: str | None, target: str | None, model: str | None,
     from kvdiag.engines.local import adapter_dirs, live
     from kvdiag.errors import KvdiagError
     from kvdiag.paths import CANARY
-    from kvdiag.rundir import check_writable
+    from kvdiag.record.rundir import check_writable
     from kvdiag.targets import Target, check_url, parse_target
 
     check_writable(options.get("history"), "--history")  # before a server is started for it
@@ -63,12 +64,12 @@ def audit_isolation(base_url: str, model: str, api_key: str | None, plan: Isolat
                     history: Path | None = None, model_label: str | None = None,
                     progress=no_progress) -> RunResult:
     """The audit of `base_url` in a finished run directory; `extra["isolation"]` holds what the
-    terminal renderer reads. `progress`: kvdiag.lifecycle.no_progress's."""
+    terminal renderer reads. `progress`: kvdiag.commands.lifecycle.no_progress's."""
     import pandas as pd
 
-    from kvdiag.lifecycle import finish_run
+    from kvdiag.commands.lifecycle import finish_run
+    from kvdiag.record.rundir import RunDir, Timer, check_writable
     from kvdiag.regress import history as H
-    from kvdiag.rundir import RunDir, Timer, check_writable
 
     timer = Timer()
     check_writable(history, "--history")
@@ -89,7 +90,7 @@ def audit_isolation(base_url: str, model: str, api_key: str | None, plan: Isolat
         done = finish_run(RunResult("isolation", frame, summary,
                                     extra={"isolation": result, "judgement": verdict}), run, timer)
     if history is not None:  # after the run directory is complete, as regress does
-        H.append_isolation(history, done.summary.as_dict(), done.run_dir)
+        H.append_isolation(history, done.summary, done.run_dir)
     return done
 
 

@@ -4,7 +4,7 @@
              for the run); the run directory (new, or the interrupted one to resume)
     measure  kvdiag.runners.live.probe_run.run_probe: records, recycling, ground truth
     judge    kvdiag.verdicts.judge_probe
-    finish   ProbeSummary, kvdiag.lifecycle.finish_run
+    finish   ProbeSummary, kvdiag.commands.lifecycle.finish_run
 
 A dead server leaves no directory behind (or keeps what was measured, to --resume).
 """
@@ -15,12 +15,12 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
-from kvdiag.lifecycle import finish_run, no_progress
-from kvdiag.results import RunResult, Signature
+from kvdiag.commands.lifecycle import finish_run, no_progress
+from kvdiag.planning.suites import Suite, load_cases
+from kvdiag.record.results import RunResult, Signature
+from kvdiag.record.summary import ProbeSummary
 from kvdiag.runners.live.phases import ISOLATED, SHARED, ProbeSettings
 from kvdiag.runners.live.probe_run import ProbeRun
-from kvdiag.suites import Suite, load_cases
-from kvdiag.summary import ProbeSummary
 from kvdiag.verdicts import Judgement, ProbeEvidence, Verdict, judge_probe
 
 
@@ -139,7 +139,7 @@ def probe(suite: str, case: str | None = None, style: str | None = None, *,
     suite's generated sessions; `no_text`: no prompt or answer text in the run's files
     (kvdiag.userdata)."""
     from kvdiag.engines.local import running
-    from kvdiag.rundir import RunDir, Timer
+    from kvdiag.record.rundir import RunDir, Timer
     from kvdiag.runners.live.probe_run import run_probe
     from kvdiag.targets import endpoint_target
     from kvdiag.userdata import command as userdata

@@ -8,7 +8,7 @@
     measure()   the suite on the reference engine, or the live probe (a fleet's Ray task
                 calls it on a worker)
     record()    judge (the run's own ground truth, then the baseline: kvdiag.verdicts),
-                finish the run directory (kvdiag.lifecycle.finish_run), write the JUnit
+                finish the run directory (kvdiag.commands.lifecycle.finish_run), write the JUnit
                 XML, and only then append the run to the history (one transaction), so
                 no history row ever points at an unfinished run
 
@@ -23,15 +23,15 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvdiag.commands.lifecycle import no_progress
 from kvdiag.errors import KvdiagError
-from kvdiag.lifecycle import no_progress
+from kvdiag.planning.suites import load_cases
+from kvdiag.record.results import RunResult
+from kvdiag.record.rundir import RunDir, check_writable
 from kvdiag.regress import baselines as B
 from kvdiag.regress import history as H
 from kvdiag.regress.compare import Tolerances
 from kvdiag.regress.keys import BaselineKey, endpoint_key, reference_key
-from kvdiag.results import RunResult
-from kvdiag.rundir import RunDir, check_writable
-from kvdiag.suites import load_cases
 from kvdiag.targets import Target, parse_target
 from kvdiag.userdata.command import score as score_sessions
 from kvdiag.userdata.command import sessions_digest, with_sessions
@@ -42,7 +42,7 @@ class Options:
     suite: str
     target: str
     model: str | None = None
-    cases: str | list[str] | None = None  # as kvdiag.suites.names reads them
+    cases: str | list[str] | None = None  # as kvdiag.planning.suites.names reads them
     baseline: Path = B.DEFAULT_PATH
     history: Path = H.DEFAULT_PATH
     junit: Path | None = None
@@ -62,7 +62,7 @@ class Options:
 
 @dataclass
 class Prepared:
-    suite: object  # kvdiag.suites.Suite
+    suite: object  # kvdiag.planning.suites.Suite
     cases: list
     target: Target
     key: BaselineKey
@@ -76,9 +76,9 @@ def run(opts: Options, *, info: Callable[[str], None] = lambda _: None,
         progress: Callable[..., AbstractContextManager] = no_progress) -> RunResult:
     """serving(), prepare(), measure() and record(): the whole regression run. `warn` is told
     when there is no baseline of the suite and when a live server refused to empty its
-    prefix cache; `progress` as kvdiag.lifecycle.no_progress takes it."""
+    prefix cache; `progress` as kvdiag.commands.lifecycle.no_progress takes it."""
     from kvdiag.commands.regress_record import record
-    from kvdiag.rundir import Timer
+    from kvdiag.record.rundir import Timer
 
     check_writable(opts.history, "--history")  # before a local engine's server is started too
     check_writable(opts.junit, "--junit")
@@ -107,15 +107,15 @@ def serving(opts: Options, info: Callable[[str], None] = lambda _: None) -> Iter
         return
     import tempfile
 
-    from kvdiag.engines.local import LOGS, running
+    from kvdiag.engines.local import running
 
     suite, (case,) = load_cases(opts.suite, opts.cases, one=True)
     suite = with_sessions(suite, opts.sessions, opts.sessions_format)
-    logs = Path(tempfile.mkdtemp(prefix=f"kvdiag-{target.engine}-"))
+    logs = Path(tempfile.mkdtemp(prefix=f"kvdiag-{target.engine.name}-"))
     with running(target, suite, case, opts.model, logs, info) as served:
         yield dataclasses.replace(opts, live_url=served.url, model=served.model, cases=case.name,
                                   model_label=served.model_label,
-                                  attach=[logs / LOGS[target.engine]])
+                                  attach=[logs / target.engine.log_name])
 
 
 def prepare(opts: Options) -> Prepared:
@@ -166,8 +166,8 @@ def measure(p: Prepared, opts: Options, run_dir: Path, progress: Callable[..., N
     """What the run measured: a kvdiag.commands.reproduce.Measured (reference engine) or a
     kvdiag.runners.live.probe_run.ProbeRun (a live server)."""
     if p.target.is_reference:
+        from kvdiag.commands.lifecycle import forwarding
         from kvdiag.commands.reproduce import measure as measure_suite
-        from kvdiag.lifecycle import forwarding
 
         return measure_suite(p.suite, p.cases, allocators=[p.target.allocator], model=p.model_dir,
                              device=opts.device, dtype=opts.dtype, progress=forwarding(progress))

@@ -14,10 +14,10 @@ import json
 import shutil
 from pathlib import Path
 
+from kvdiag.record.results import RunResult
+from kvdiag.record.summary import RegressProbeSummary, RegressReferenceSummary
 from kvdiag.regress import history as H
 from kvdiag.regress.compare import Check, compare, regressed_rounds, unmatched
-from kvdiag.results import RunResult
-from kvdiag.summary import RegressProbeSummary, RegressReferenceSummary
 from kvdiag.verdicts import Judgement, Verdict, judge_regress, judge_series
 
 
@@ -46,9 +46,9 @@ def ground_truth(p, measured, model_label: str | None = None) -> tuple[Judgement
 
 
 def record(p, opts, measured, cold: bool, timer) -> RunResult:
-    from kvdiag.lifecycle import finish_run
+    from kvdiag.commands.lifecycle import finish_run
+    from kvdiag.record.rundir import write_run
     from kvdiag.regress.measure import main_case, measure
-    from kvdiag.rundir import write_run
 
     truth, fields = ground_truth(p, measured, opts.model_label)
     kind = RegressReferenceSummary if p.target.is_reference else RegressProbeSummary
@@ -88,20 +88,21 @@ def record(p, opts, measured, cold: bool, timer) -> RunResult:
     write_run(p.run.path, frame, summary)  # what was measured is on disk before anything else
     result = RunResult("regress", frame, summary,
                        extra={"checks": checks, "ground_truth": truth, "run_id": run_id})
-    row = {}  # the history row, filled once finish_run has stamped the summary
+
+    def history_row(stamped) -> dict:  # of the summary as finish_run stamps it (its `created`)
+        return _history_row(p, run_id, stamped, main, brais[main]["brai"], truth.verdict)
 
     def trend(stamped):
         import pandas as pd
 
         past = (H.runs(opts.history, suite=p.suite.name, last=51) if Path(opts.history).is_file()
                 else pd.DataFrame())  # the first run of a new history
-        row.update(_history_row(p, run_id, stamped, main, brais[main]["brai"], truth.verdict))
-        return pd.concat([past, pd.DataFrame([row])], ignore_index=True)
+        return pd.concat([past, pd.DataFrame([history_row(stamped)])], ignore_index=True)
 
     finish_run(result, p.run, timer, history=trend,
                before_report=lambda d: [shutil.copy(f, d / Path(f).name) for f in opts.attach
                                         if Path(f).is_file()])
-    row["run_dir"] = str(result.run_dir.resolve())
+    row = history_row(result.summary) | {"run_dir": str(result.run_dir.resolve())}
     rounds = [{"case": case, **r, "brai": brais[case]["rounds"].get(r["round"])}
               for case, cm in series.items() for r in cm["rounds"]]
     if opts.junit is not None:
@@ -156,11 +157,10 @@ def _history_row(p, run_id: str, summary, main: str, run_brai, run_verdict: Verd
             "kvdiag_version": __version__, "reason": reg.reason, "events": _events(summary)}
 
 
-def _events(summary) -> str | None:
+def _events(summary: RegressReferenceSummary | RegressProbeSummary) -> str | None:
     """A live run's coverage beside its verdict: the events its probe reached and missed."""
-    rows = getattr(summary, "events", None)
+    rows = summary.events if isinstance(summary, RegressProbeSummary) else []
     if not rows:
         return None
-    rows = [r if isinstance(r, dict) else r.model_dump() for r in rows]
-    return json.dumps({"reached": [r["event"] for r in rows if r["reached"]],
-                       "missing": [r["event"] for r in rows if not r["reached"]]})
+    return json.dumps({"reached": [r.event for r in rows if r.reached],
+                       "missing": [r.event for r in rows if not r.reached]})

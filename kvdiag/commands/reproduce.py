@@ -4,7 +4,7 @@ under each allocator.
     plan     allocator names, cases and model checked before any work; the run directory
     measure  kvdiag.runners.suite.run_suite: records, engine log, recycling
     judge    kvdiag.verdicts.judge_reference
-    finish   ReproduceSummary, kvdiag.lifecycle.finish_run
+    finish   ReproduceSummary, kvdiag.commands.lifecycle.finish_run
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvdiag.commands.lifecycle import finish_run, no_progress
 from kvdiag.errors import KvdiagError
-from kvdiag.lifecycle import finish_run, no_progress
 from kvdiag.paths import CANARY
-from kvdiag.results import RunResult, Signature, model_label
+from kvdiag.planning.suites import Case, Suite, load_cases, names
+from kvdiag.record.results import RunResult, Signature, model_label
+from kvdiag.record.summary import ReproduceSummary
 from kvdiag.runners.suite import SuiteRun, run_suite, total_requests
-from kvdiag.suites import Case, Suite, load_cases, names
-from kvdiag.summary import ReproduceSummary
 from kvdiag.targets import check_allocator
 from kvdiag.verdicts import Judgement, judge_reference
 from kvdiag.vocab import VLLM
@@ -93,8 +93,8 @@ def reproduce(suite: str, cases: list[str] | None = None, allocators: list[str] 
               model: Path | None = None, out_dir: Path | None = None, progress=no_progress,
               **options) -> RunResult:
     """kvdiag reproduce, start to finish. `options`: device, dtype, spacy_model, use_cache,
-    check_integrity. `progress`: see kvdiag.lifecycle.no_progress."""
-    from kvdiag.rundir import RunDir, Timer
+    check_integrity. `progress`: see kvdiag.commands.lifecycle.no_progress."""
+    from kvdiag.record.rundir import RunDir, Timer
 
     timer = Timer()
     allocators = names(allocators)

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kvdiag.commands.lifecycle import finish_run, no_progress
 from kvdiag.commands.reproduce import check_engine_run, measure
 from kvdiag.errors import KvdiagError
-from kvdiag.lifecycle import finish_run, no_progress
-from kvdiag.results import RunResult
-from kvdiag.suites import load_cases
-from kvdiag.summary import VerifySummary
+from kvdiag.planning.suites import load_cases
+from kvdiag.record.results import RunResult
+from kvdiag.record.summary import VerifySummary
 from kvdiag.targets import check_allocator
 from kvdiag.verdicts import judge_gate
 
@@ -24,7 +24,7 @@ def verify(allocator: str, expect_guard: bool, expect_bug: bool, suite: str,
            case: str | None = None, *, model: Path | None = None, out_dir: Path | None = None,
            progress=no_progress, **options) -> RunResult:
     """`options` as kvdiag.commands.reproduce.reproduce takes them."""
-    from kvdiag.rundir import RunDir, Timer
+    from kvdiag.record.rundir import RunDir, Timer
 
     timer = Timer()
     if expect_guard == expect_bug:

@@ -1,1 +1,1 @@
-"""The serving engines kvdiag starts, sizes and plants faults into: one server-process module, vLLM, SGLang, and kvdiag's own server."""
+"""The serving engines kvdiag starts, sizes and plants faults into: one server-process module, vLLM, SGLang, and kvdiag's own server; spec.py holds one entry per engine, which the rest of kvdiag looks up."""

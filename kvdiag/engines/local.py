@@ -20,9 +20,8 @@ from kvdiag.errors import KvdiagError
 from reference_engine.util import cdiv
 
 if TYPE_CHECKING:  # engines sit below targets, which check fault names against their catalogs
+    from kvdiag.engines.spec import EngineSpec
     from kvdiag.targets import Target
-
-LOGS = {"vllm": "vllm.log", "sglang": "sglang.log"}  # a local engine's log, in its run directory
 
 
 @dataclass(frozen=True)
@@ -36,15 +35,6 @@ class Served:
     model: str | None
     model_label: str | None = None
     prefill_chunk: int | None = None  # the prefill chunk kvdiag started it with (vLLM does not report it)
-
-
-def launcher(engine: str):
-    """The launcher class of a local engine (VllmLocal, SglangLocal)."""
-    if engine == "vllm":
-        from kvdiag.engines.vllm.launcher import VllmLocal
-        return VllmLocal
-    from kvdiag.engines.sglang.launcher import SglangLocal
-    return SglangLocal
 
 
 def adapter_dirs(adapter: str | None, model_dir: Path) -> dict[str, Path]:
@@ -76,22 +66,22 @@ def running(target: Target, suite, case, model: str | None, log_dir: Path,
 
     model_dir = Path(model or suite.model or CANARY)
     adapters = adapter_dirs(adapter, model_dir)
-    info(f"starting {target.spec} (log: {Path(log_dir) / LOGS[target.engine]}) ...")
+    info(f"starting {target.spec} (log: {Path(log_dir) / target.engine.log_name}) ...")
     with live(target, suite, case, model_dir, log_dir, adapters=adapters) as served:
         yield served
 
 
-def sizes(engine: str, suite, case, model_dir: Path) -> dict:
+def sizes(engine: EngineSpec, suite, case, model_dir: Path) -> dict:
     """A local engine's pool and context for a suite's case on a model: the pool holds as
     many tokens as the suite's own (the size at which its sessions recycle freed blocks; the
     probe adds pressure beyond it); max_model_len covers the longest request with two blocks
     to spare (the probe moves jumps to the server's block boundaries), within the model's
     context. KvdiagError, before any server starts, when the case does not fit the model."""
     from kvdiag.engines.vllm.launcher import model_context
-    from kvdiag.plan import plan_case
+    from kvdiag.planning.plan import plan_case
     from reference_engine.tokenizer import Tokenizer
 
-    block = launcher(engine).BLOCK_SIZE
+    block = engine.launcher().BLOCK_SIZE
     schedule = plan_case(suite, case, Tokenizer.from_dir(model_dir)).schedule
     pool = cdiv(schedule.num_blocks * suite.block_size, block)
     longest = max(max(p) for p in schedule.prompt_lengths) + case.max_tokens
@@ -111,7 +101,7 @@ def live(target: Target, suite, case, model_dir: Path, log_dir: Path,
     `case`, or the engine's default without them). With `serve_reference`, a
     reference:ALLOCATOR target is served the same way by `kvdiag serve` (for runs that only
     talk HTTP: isolation); other targets pass through."""
-    from kvdiag.results import model_label
+    from kvdiag.record.results import model_label
 
     if serve_reference and target.is_reference:
         from kvdiag.engines.reference import ReferenceServer
@@ -128,7 +118,7 @@ def live(target: Target, suite, case, model_dir: Path, log_dir: Path,
     if adapters:
         kw["adapters"] = adapters
     Path(log_dir).mkdir(parents=True, exist_ok=True)
-    cls = launcher(target.engine)
-    with cls(model_dir, fault=target.fault, log_path=Path(log_dir) / LOGS[target.engine], **kw) as server:
+    cls = target.engine.launcher()
+    with cls(model_dir, fault=target.fault, log_path=Path(log_dir) / target.engine.log_name, **kw) as server:
         yield Served(dataclasses.replace(target, url=server.base_url), server.base_url,
                      server.served_model, model_label(model_dir), getattr(server, "prefill_chunk", None))

@@ -53,7 +53,7 @@ class SessionPlan:
     ask_new: float = 0.3  # chance a question asks about a fact stated in its own round
     system_facts: tuple[Fact, ...] = ()  # facts the system prompt states (known from round 0)
     ask_system: tuple[Fact, ...] = ()  # of those, asked about first, one every ask_system_every
-    ask_system_every: int = 2  # rounds (kvdiag.plan: the facts where sessions' prompts part)
+    ask_system_every: int = 2  # rounds (kvdiag.planning.plan: the facts where sessions' prompts part)
 
     def session(self, rounds) -> Session:
         kb = (KnowledgeBase(self.kb.flavour, self.kb.facts + self.system_facts)

@@ -30,6 +30,7 @@ from pathlib import Path
 from kvdiag.errors import KvdiagError
 from kvdiag.fleet.cell import PID_DIR_ENV, measure_cell
 from kvdiag.fleet.spec import Cell, Fleet
+from kvdiag.record.summary import RegressProbeSummary, RegressRun
 from kvdiag.verdicts import Verdict, judge_unmeasured
 
 START_ATTEMPTS = 3  # a local Ray that misses its start-up deadline is started again
@@ -144,14 +145,15 @@ def _finished(fleet: Fleet, run_dir: Path) -> dict[str, Outcome]:
 
 
 def _from_summary(fleet: Fleet, cell: Cell, run_dir: Path) -> Outcome:
-    from kvdiag.rundir import read_summary
+    from kvdiag.record.rundir import load_summary
 
-    summary = read_summary(run_dir)
-    t, reg = fleet.by_name[cell.target], summary.get("regress", {})
+    summary = load_summary(run_dir)
+    if not isinstance(summary, RegressRun):
+        raise KvdiagError(f"{run_dir}: a {summary.kind} run where the fleet wrote a regress run")
+    t, reg = fleet.by_name[cell.target], summary.regress
     return Outcome(cell.id, t.name, t.spec, cell.suite_name, cell.case,
-                   Verdict.parse(reg.get("verdict")).value.upper(), worst_metric(summary),
-                   str(run_dir), reg.get("run_id"), summary.get("wall_seconds"),
-                   events=coverage_of(summary))
+                   reg.verdict.value.upper(), worst_metric(summary),
+                   str(run_dir), reg.run_id, summary.wall_seconds, events=coverage_of(summary))
 
 
 def _free(path: Path) -> Path:
@@ -163,9 +165,9 @@ def _free(path: Path) -> Path:
 
 
 def _prepare(fleet: Fleet, run_dir: Path, cell: Cell, stack: ExitStack):
-    """The cell's prepared run and options. A vllm-local cell's server is started here, on
-    this machine, for this cell's suite and case (its pool sized from them), and stays up
-    until `stack` closes: once its outcome is recorded."""
+    """The cell's prepared run and options. A local engine's server is started here, on this
+    machine, for this cell's suite and case (its pool sized from them), and stays up until
+    `stack` closes: once its outcome is recorded."""
     from kvdiag.commands import regress as job
 
     t = fleet.by_name[cell.target]
@@ -173,15 +175,15 @@ def _prepare(fleet: Fleet, run_dir: Path, cell: Cell, stack: ExitStack):
                        baseline=fleet.baseline.resolve(), history=fleet.history.resolve(),
                        out=run_dir / cell.id, flags=dict(t.flags), concurrency=t.requests,
                        api_key=os.environ.get(t.api_key_env) if t.api_key_env else None)
-    if t.kind in ("vllm-local", "sglang-local"):
+    if t.is_local:
         opts = stack.enter_context(job.serving(opts))
     return job.prepare(opts), opts
 
 
-def _placement(kind: str) -> dict:
-    """Ray task options by target kind: a local engine's server listens on the driver's
+def _placement(local: bool) -> dict:
+    """Ray task options for a target's cells: a local engine's server listens on the driver's
     machine (loopback), so its cells run there."""
-    if kind not in ("vllm-local", "sglang-local"):
+    if not local:
         return {}
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -211,7 +213,7 @@ def _drive(fleet: Fleet, run_dir: Path, todo: list[Cell]):
                 yield _error(fleet, cell, e)
                 continue
             ref = task.options(num_cpus=t.num_cpus, max_retries=fleet.max_retries,
-                               retry_exceptions=False, name=cell.id, **_placement(t.kind)).remote(
+                               retry_exceptions=False, name=cell.id, **_placement(t.is_local)).remote(
                 p, opts, cell.id, fleet.time_limit, t.num_cpus, pid_dir)
             inflight[ref] = (cell, p, opts, time.monotonic(), stack)
             busy[t.name] += 1
@@ -224,7 +226,7 @@ def _drive(fleet: Fleet, run_dir: Path, todo: list[Cell]):
                 continue
             del inflight[ref]
             busy[cell.target] -= 1
-            with stack:  # a vllm-local cell's server stops once its outcome is known
+            with stack:  # a local engine's cell: its server stops once its outcome is known
                 if late and ref not in ready:
                     ray.cancel(ref, force=True)
                     shutil.rmtree(p.run.path, ignore_errors=True)
@@ -238,7 +240,7 @@ def _record(fleet: Fleet, cell: Cell, p, opts, ref) -> Outcome:
     import ray
 
     from kvdiag.commands.regress_record import record
-    from kvdiag.rundir import Timer
+    from kvdiag.record.rundir import Timer
 
     try:
         got = ray.get(ref)
@@ -255,35 +257,35 @@ def _record(fleet: Fleet, cell: Cell, p, opts, ref) -> Outcome:
         return _error(fleet, cell, e)
     t = fleet.by_name[cell.target]
     return Outcome(cell.id, t.name, t.spec, cell.suite_name, cell.case,
-                   res.verdict.value.upper(), worst_metric(res.summary.as_dict()),
+                   res.verdict.value.upper(), worst_metric(res.summary),
                    str(res.run_dir), res.extra["run_id"], round(got["seconds"], 2),
-                   events=coverage_of(res.summary.as_dict()))
+                   events=coverage_of(res.summary))
 
 
-def coverage_of(summary: dict) -> str | None:
+def coverage_of(summary: RegressRun) -> str | None:
     """A live cell's lifecycle coverage in a few words; None for an in-process cell."""
-    rows = summary.get("events") or []
+    rows = summary.events if isinstance(summary, RegressProbeSummary) else []
     if not rows:
         return None
-    missed = [r["event"] for r in rows if not r["reached"]]
+    missed = [r.event for r in rows if not r.reached]
     return f"{len(rows) - len(missed)}/{len(rows)} events" + (f" (not: {', '.join(missed)})" if missed else "")
 
 
-def worst_metric(summary: dict) -> str:
+def worst_metric(summary: RegressRun) -> str:
     """FAIL: the first regressed metric and its rounds (or the ground-truth finding);
     INCONCLUSIVE or ERROR: why; PASS: the main case's SQDR and BRAI."""
-    reg = summary.get("regress", {})
-    if Verdict.parse(reg.get("verdict")) in (Verdict.INCONCLUSIVE, Verdict.ERROR):
-        return str(reg.get("reason") or summary.get("reason") or "")
-    for metric, rounds in (reg.get("regressed") or {}).items():
+    reg = summary.regress
+    if reg.verdict in (Verdict.INCONCLUSIVE, Verdict.ERROR):
+        return reg.reason or summary.reason
+    for metric, rounds in reg.regressed.items():
         if rounds:
             return f"{metric}: rounds {', '.join(map(str, rounds))}"
-    if reg.get("ground_truth_failures"):
-        return reg["ground_truth_failures"][0]
-    if reg.get("failed_checks"):
-        return reg["failed_checks"][0]["message"]
-    m = next(iter((reg.get("measurement") or {}).values()), {})
-    brai = next(iter((reg.get("brai") or {}).values()), None)
+    if reg.ground_truth_failures:
+        return reg.ground_truth_failures[0]
+    if reg.failed_checks:
+        return reg.failed_checks[0]["message"]
+    m = next(iter(reg.measurement.values()), {})
+    brai = next(iter(reg.brai.values()), None)
     return f"sqdr {m.get('sqdr')}, brai {brai}"
 
 

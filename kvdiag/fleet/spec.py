@@ -61,7 +61,7 @@ class SuiteEntry(_Strict):
 
 class TargetEntry(_Strict):
     name: Annotated[str, AfterValidator(_name)]
-    target: str  # a URL, reference:ALLOCATOR or vllm-local[:FAULT]
+    target: str  # a URL, reference:ALLOCATOR, vllm-local[:FAULT] or sglang-local[:FAULT]
     model: str | None = None
     flags: dict[Any, Any] | None = None
     api_key_env: str | None = None
@@ -97,7 +97,7 @@ class Cell(BaseModel):
 class FleetTarget(BaseModel):
     name: str
     spec: str
-    kind: str  # "url", "reference" or "vllm-local"
+    kind: str  # "url", "reference" or its engine's "<engine>-local" (targets.Target.kind)
     model: str | None
     flags: dict[str, str]
     suites: list[tuple[str, list[str]]]  # (suite as given, case names)
@@ -105,6 +105,11 @@ class FleetTarget(BaseModel):
     requests: int = 16
     num_cpus: float = ENDPOINT_CPUS
     api_key_env: str | None = None
+
+    @property
+    def is_local(self) -> bool:
+        """A local engine's: its server runs on the driver's machine, so its cells run there."""
+        return self.kind not in ("url", "reference")
 
 
 class Fleet(BaseModel):
@@ -143,9 +148,9 @@ def _suite_path(suite: str, base: Path) -> str:
 def load_fleet(path: Path) -> Fleet:
     import yaml
 
+    from kvdiag.planning.suites import load_suite
     from kvdiag.regress import baselines as B
     from kvdiag.regress import history as H
-    from kvdiag.suites import load_suite
     from kvdiag.targets import parse_target
 
     path = Path(path)
@@ -170,7 +175,7 @@ def load_fleet(path: Path) -> Fleet:
             target = parse_target(t.target)
         except KvdiagError as e:
             raise KvdiagError(f"{where}.target: {e}") from None
-        kind = "url" if target.url else ("reference" if target.is_reference else "vllm-local")
+        kind = target.kind
         if kind == "url" and not t.model:
             raise KvdiagError(f"{where}.model: a URL target needs the served model name")
         chosen = []

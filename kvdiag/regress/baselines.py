@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvdiag.errors import KvdiagError
+from kvdiag.record.rundir import load_summary, require_finished
+from kvdiag.record.summary import RegressRun
 from kvdiag.regress.keys import BaselineKey
-from kvdiag.rundir import read_summary, require_finished
+from kvdiag.verdicts import Verdict
 
 SCHEMA = 1
 DEFAULT_PATH = Path("reports/baselines.json")
@@ -100,24 +102,24 @@ def find(path: Path, key: BaselineKey, cases: list[str]) -> Baseline | None:
     raise KeyMismatch(path, key, nearest.key, nearest.key.differences(key))
 
 
-def from_run(run_dir: Path, force: bool = False) -> tuple[Baseline, str]:
+def from_run(run_dir: Path, force: bool = False) -> tuple[Baseline, Verdict]:
     """A baseline from a run directory made by `kvdiag regress` (its summary.json carries
     the key and the measurement), and the run's verdict. Only a run that passed proves what a
     baseline must be (its trigger reached, its ground truth sound): any other verdict is
     refused unless `force`."""
-    summary = read_summary(require_finished(run_dir))
-    regress = summary.get("regress")
-    if not regress or "key" not in regress:
-        raise KvdiagError(f"{run_dir}: not made by `kvdiag regress` (summary.json has no baseline key)")
-    verdict = str(summary.get("verdict"))
-    if verdict != "pass" and not force:
-        why = (regress.get("ground_truth_failures") or [summary.get("reason") or "no reason recorded"])[0]
-        raise KvdiagError(f"{run_dir}: the run's verdict is {verdict}, not pass ({why}): a baseline "
-                          "must come from a run that proved something; pass --force to use it anyway "
-                          "(recorded in the history)")
-    return Baseline(BaselineKey.from_dict(regress["key"]), regress["target"], regress["run_id"],
-                    summary.get("created", ""), summary.get("signature", ""),
-                    tuple(regress["measurement"]), regress["measurement"]), verdict
+    summary = load_summary(require_finished(run_dir))
+    if not isinstance(summary, RegressRun):
+        raise KvdiagError(f"{run_dir}: not made by `kvdiag regress` (a {summary.kind} run: its "
+                          "summary.json has no baseline key)")
+    regress, verdict = summary.regress, summary.verdict
+    if verdict is not Verdict.PASS and not force:
+        why = (regress.ground_truth_failures or [summary.reason or "no reason recorded"])[0]
+        raise KvdiagError(f"{run_dir}: the run's verdict is {verdict.value}, not pass ({why}): a "
+                          "baseline must come from a run that proved something; pass --force to "
+                          "use it anyway (recorded in the history)")
+    return Baseline(BaselineKey.from_dict(regress.key), regress.target, regress.run_id,
+                    summary.created or "", summary.signature, tuple(regress.measurement),
+                    regress.measurement), verdict
 
 
 def update(path: Path, baseline: Baseline) -> tuple[Baseline | None, int]:

@@ -20,8 +20,12 @@ import os
 import sqlite3
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvdiag.errors import KvdiagError
+
+if TYPE_CHECKING:
+    from kvdiag.record.summary import IsolationSummary
 
 SCHEMA = 5
 DEFAULT_PATH = Path("reports/history.sqlite")
@@ -179,9 +183,9 @@ def runs(path: Path, suite: str | None = None, target: str | None = None, last: 
 
 def trend(path: Path, run_dir: Path, last: int = 52):
     """The last `last` runs of RUN_DIR's suite: the trend a run's report shows."""
-    from kvdiag.rundir import read_summary
+    from kvdiag.record.rundir import load_summary
 
-    return runs(path, suite=read_summary(run_dir).get("suite"), last=last)
+    return runs(path, suite=load_summary(run_dir).suite, last=last)
 
 
 def rounds_of(path: Path, run_ids: list[str]):
@@ -204,16 +208,16 @@ def integrity(path: Path) -> str:
         con.close()
 
 
-def append_isolation(path: Path, summary: dict, run_dir: Path) -> None:
-    """One isolation audit (its summary.json), a row per (configuration, prefix length), in
+def append_isolation(path: Path, summary: IsolationSummary, run_dir: Path) -> None:
+    """One isolation audit (its stamped summary), a row per (configuration, prefix length), in
     one transaction; the exporter publishes the newest audit of each target and model."""
     run_id = f"isolation-{Path(run_dir).name}"
-    rows = [{"run_id": run_id, "created": summary["created"], "target": summary["target"],
-             "model": summary["model"], "verdict": summary["verdict"], "config": c["config"],
+    rows = [{"run_id": run_id, "created": summary.created, "target": summary.target,
+             "model": summary.model, "verdict": summary.verdict.value, "config": c["config"],
              "length": c["length"], "auc": c.get("auc"), "p_value": c.get("p_value"),
              "cached_correct": c.get("cached_correct_mean"), "cached_wrong": c.get("cached_wrong_mean"),
              "leaks": int(bool(c.get("leaks"))), "run_dir": str(Path(run_dir).resolve())}
-            for c in summary["isolation"]["cells"]]
+            for c in summary.isolation["cells"]]
     con = connect(path)
     try:
         con.execute("BEGIN IMMEDIATE")

@@ -80,7 +80,7 @@ def suite_sha(path: Path) -> str:
 def reference_key(suite, model_dir: Path, device: str, dtype: str | None,
                   extra_flags: dict | None = None) -> BaselineKey:
     from kvdiag import __version__
-    from kvdiag.results import model_label
+    from kvdiag.record.results import model_label
 
     flags = {"block_size": suite.block_size, "max_num_seqs": suite.max_num_seqs, "device": device,
              "dtype": dtype or ("float32" if device == "cpu" else "bfloat16"),

@@ -3,46 +3,48 @@ overall verdict, one row per target (its own verdict, the sentence why, a link t
 run's report), and the targets' decay curves drawn together: per-round BLEU-4 and fact-check
 pass rate of each target's shared series against its own isolated twin, one line per target.
 
-Reads only summary.json (kvdiag.summary.CompareSummary), like the matrix and isolation pages.
+Reads only summary.json (kvdiag.record.summary.CompareSummary), like the matrix and isolation pages.
 """
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from kvdiag.report.style import CSS, template
-from kvdiag.verdicts import Verdict
+
+if TYPE_CHECKING:
+    from kvdiag.record.summary import CompareSummary
 
 PANELS = (("bleu4", "BLEU-4", (-3, 103)),  # column, label, y limits: kvdiag.report.plots.PANELS
           ("fact_check_pass_rate", "fact-check pass rate", (-0.03, 1.03)))
 
 
-def decay_svg(summary: dict) -> str:
+def decay_svg(summary: CompareSummary) -> str:
     """Two panels (BLEU-4, fact check) of every target's shared series, drawn as
     kvdiag.report.plots draws a run's decay curves (colours, markers, hover titles); a dotted
     line marks a target's first corrupted round."""
     from kvdiag.report.plots import RC, colours, hover_targets, pyplot, svg
 
     plt = pyplot()
-    names = [t["target"] for t in summary.get("targets", [])]
+    names = [t.target for t in summary.targets]
     style = colours(names)
-    first = {t["target"]: t.get("first_corruption_round") for t in summary.get("targets", [])}
+    first = {t.target: t.first_corruption_round for t in summary.targets}
     hover: dict[str, list[str]] = {}
     with plt.rc_context(RC):
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharex=True)
         for ax, (column, label, ylim) in zip(axes, PANELS):
             for name in names:
-                rows = sorted((r for r in summary.get("rounds", []) if r["target"] == name),
-                              key=lambda r: r["round"])
-                x = [r["round"] for r in rows]
-                y = [math.nan if r.get(column) is None else r[column] for r in rows]
+                rows = sorted((r for r in summary.rounds if r.target == name), key=lambda r: r.round)
+                x = [r.round for r in rows]
+                y = [math.nan if getattr(r, column) is None else getattr(r, column) for r in rows]
                 colour, marker = style[name]
                 ax.plot(x, y, color=colour, marker=marker, markersize=4, linewidth=1.8, label=name)
                 hover_targets(ax, x, y, hover,
                               lambda a, b, n=name, lab=label: f"{n} · round {a:g} · {lab}: {b:.4g}")
                 if first.get(name) is not None:
                     ax.axvline(first[name], color=colour, linestyle=":", linewidth=1.2)
-            if all(r.get(column) is None for r in summary.get("rounds", [])):
+            if all(getattr(r, column) is None for r in summary.rounds):
                 ax.text(0.5, 0.5, "not measured (no entity to check)" if column != "bleu4" else
                         "not measured", transform=ax.transAxes, ha="center", va="center",
                         color="#555555")
@@ -96,19 +98,17 @@ _PAGE = (
 
 
 
-def page(summary: dict) -> str:
+def page(summary: CompareSummary) -> str:
     from markupsafe import Markup
 
-    measured = any(r for r in summary.get("rounds", []))
-    targets = [(t["target"], Verdict.parse(t.get("verdict")).value, t.get("run_dir"),
-                str(t.get("reason", "")), _number(t.get("sqdr"), ".4f"),
-                t.get("first_corruption_round") or "-") for t in summary.get("targets", [])]
-    rounds = [(r["target"], r["round"], _number(r.get("bleu4"), ".2f"),
-               _number(r.get("fact_check_pass_rate"), ".3f"), r.get("diverged_sessions", 0))
-              for r in summary.get("rounds", [])]
+    targets = [(t.target, t.verdict.value, t.run_dir, t.reason, _number(t.sqdr, ".4f"),
+                t.first_corruption_round or "-") for t in summary.targets]
+    rounds = [(r.target, r.round, _number(r.bleu4, ".2f"), _number(r.fact_check_pass_rate, ".3f"),
+               r.diverged_sessions) for r in summary.rounds]
+    meta = [("suite", summary.suite), ("sessions_file", summary.sessions_file),
+            ("signature", summary.signature), ("bleu_signature", summary.bleu_signature),
+            ("created", summary.created), ("wall_seconds", summary.wall_seconds)]
     return template(_PAGE).render(
-        css=Markup(CSS), verdict=Verdict.parse(summary.get("verdict")).value,
-        reason=str(summary.get("reason", "")), command=str(summary.get("command") or ""),
-        meta=[(k, summary.get(k) or "-") for k in ("suite", "sessions_file", "signature",
-                                                   "bleu_signature", "created", "wall_seconds")],
-        targets=targets, rounds=rounds, svg=Markup(decay_svg(summary)) if measured else None)
+        css=Markup(CSS), verdict=summary.verdict.value, reason=summary.reason,
+        command=summary.command or "", meta=[(k, v or "-") for k, v in meta],
+        targets=targets, rounds=rounds, svg=Markup(decay_svg(summary)) if summary.rounds else None)

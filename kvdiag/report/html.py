@@ -12,11 +12,25 @@ from typing import TYPE_CHECKING
 
 from kvdiag.errors import KvdiagError
 from kvdiag.metrics.decay import REFERENCE_ALLOCATORS
+from kvdiag.record.summary import (
+    AuditSummary,
+    CompareSummary,
+    IsolationSummary,
+    MatrixSummary,
+    ProbeSummary,
+    ReproduceSummary,
+    Summary,
+)
+from kvdiag.report import compare, isolation, matrix
 from kvdiag.report.style import CSS as _CSS  # shared with the isolation page
 from kvdiag.verdicts.findings import departure_rounds
 
 if TYPE_CHECKING:
     from pandas import DataFrame
+
+RunSummary = ReproduceSummary | ProbeSummary | AuditSummary  # the runs measured round by round
+# the kinds with a page of their own, drawn from their summary alone
+OWN_PAGES = {IsolationSummary: isolation.page, MatrixSummary: matrix.page, CompareSummary: compare.page}
 
 MAX_HEATMAPS = 4
 
@@ -81,39 +95,42 @@ every cache hit and recycle) is kvdiag's own design; vLLM has no such guard.</p>
 """
 
 
-def write_report(run_dir: Path, out: Path | None = None,
-                 history: DataFrame | None = None) -> Path:
-    """Write `out` (default RUN_DIR/report.html) from RUN_DIR/results.parquet + summary.json."""
-    results, summary = load_run(Path(run_dir))
-    out = Path(out) if out is not None else Path(run_dir) / "report.html"
+def write_report(run_dir: Path, out: Path | None = None, history: DataFrame | None = None,
+                 summary: Summary | None = None) -> Path:
+    """Write `out` (default RUN_DIR/report.html) from RUN_DIR/results.parquet and the run's
+    summary: `summary` as the run finishing it holds it (kvdiag.commands.lifecycle), else
+    RUN_DIR/summary.json. The isolation audit, the detection matrix and kvdiag compare have
+    their own pages."""
+    from kvdiag.record.rundir import load_summary
+
+    run_dir = Path(run_dir)
+    results = _results(run_dir)
+    summary = summary if summary is not None else load_summary(run_dir)
+    own = OWN_PAGES.get(type(summary))
+    text = own(summary) if own is not None else render_report(results, summary, history)
+    out = Path(out) if out is not None else run_dir / "report.html"
     out.parent.mkdir(parents=True, exist_ok=True)
-    if summary.get("kind") == "isolation":  # its own page: AUC and cached share per length
-        from kvdiag.report.isolation import page
-
-        text = page(summary)
-    elif summary.get("kind") == "matrix":  # its own page: one row per fault and path
-        from kvdiag.report.matrix import page
-
-        text = page(summary)
-    else:
-        text = render_report(results, summary, history)
     out.write_text(text, encoding="utf-8")
     return out
 
 
-def load_run(run_dir: Path) -> tuple[DataFrame, dict]:
-    """The run's records and summary; FileNotFoundError / ValueError name the bad file."""
-    import pandas as pd
+def load_run(run_dir: Path) -> tuple[DataFrame, Summary]:
+    """The run's records and typed summary; KvdiagError names a missing or bad file."""
+    from kvdiag.record.rundir import load_summary
 
-    from kvdiag.rundir import read_summary
+    return _results(Path(run_dir)), load_summary(run_dir)
+
+
+def _results(run_dir: Path) -> DataFrame:
+    import pandas as pd
 
     results = run_dir / "results.parquet"
     if not results.is_file():
         raise KvdiagError(f"{results}: not found (is {run_dir} a kvdiag run directory?)")
-    return pd.read_parquet(results), read_summary(run_dir)
+    return pd.read_parquet(results)
 
 
-def render_report(results: DataFrame, summary: dict, history: DataFrame | None = None) -> str:
+def render_report(results: DataFrame, summary: RunSummary, history: DataFrame | None = None) -> str:
     """The page as a string (see the module docstring)."""
     import jinja2
     from markupsafe import Markup
@@ -125,36 +142,37 @@ def render_report(results: DataFrame, summary: dict, history: DataFrame | None =
     df = results.copy()
     df["series"] = [series_name(t, a) for t, a in zip(df["target"], df["allocator"])]
     table = per_round(df)
-    if summary.get("text") == "withheld":  # texts are hashes now: BLEU-4 as it was measured
+    probe = summary if isinstance(summary, ProbeSummary) else None
+    withheld = probe is not None and probe.text == "withheld"
+    if withheld:  # texts are hashes now: BLEU-4 as it was measured
         table = _measured_bleu(table, summary)
     table["series"] = [series_name(t, a) for t, a in zip(table["target"], table["allocator"])]
     computed = summarize(df)
-    by_case = {**computed["by_case"], **summary.get("by_case", {})}
+    by_case = {**computed["by_case"], **summary.by_case}
     cases = list(dict.fromkeys(df["case"]))
-    main = summary.get("main_case") or (MAIN_CASE if MAIN_CASE in cases else cases[0])
-    sqdr = summary.get("sqdr") or by_case.get(main, {}).get("sqdr", {})
-    brai = summary.get("brai") or by_case.get(main, {}).get("brai", {})
+    main = summary.main_case or (MAIN_CASE if MAIN_CASE in cases else cases[0])
+    sqdr = summary.sqdr or by_case.get(main, {}).get("sqdr", {})
+    brai = summary.brai or by_case.get(main, {}).get("brai", {})
     by_case[main] = {"sqdr": sqdr, "brai": brai}
     main_table = table[table["case"] == main]
     main_rows = df[df["case"] == main]
     heat = heatmap_grids(main_rows)
-    verdict = str(summary.get("verdict", "unknown")).upper()
     page = jinja2.Environment(autoescape=True).from_string(_PAGE)
     return page.render(
-        css=Markup(_CSS), verdict=verdict, suite=summary.get("suite", "?"),
-        meaning=verdict_meaning(summary), environment=environment_rows(summary.get("environment")),
-        targets=", ".join(summary.get("targets") or dict.fromkeys(df["target"])),
-        cases=", ".join(summary.get("cases") or cases), main_case=main,
-        signature=summary.get("signature", "?"), created=summary.get("created", "?"),
-        wall=_seconds(summary.get("wall_seconds")),
-        bleu_signature=summary.get("bleu_signature", computed["bleu_signature"]),
-        command=rerun_command(summary.get("command")) or "(not recorded in summary.json)",
-        withheld=summary.get("text") == "withheld", sessions_note=_sessions_note(summary),
+        css=Markup(_CSS), verdict=summary.verdict.value.upper(), suite=summary.suite,
+        meaning=verdict_meaning(summary), environment=environment_rows(summary.environment),
+        targets=", ".join(summary.targets or dict.fromkeys(df["target"])),
+        cases=", ".join(summary.cases or cases), main_case=main,
+        signature=summary.signature, created=summary.created or "?",
+        wall=_seconds(summary.wall_seconds),
+        bleu_signature=summary.bleu_signature or computed["bleu_signature"],
+        command=rerun_command(summary.command) or "(not recorded in summary.json)",
+        withheld=withheld, sessions_note=_sessions_note(probe.sessions_file if probe else None),
         decay_svg=Markup(plots.decay_curves(
             main_table, departure_rounds(main_table),
-            f"Per-round quality · suite {summary.get('suite', '?')} · case {main}")),
+            f"Per-round quality · suite {summary.suite} · case {main}")),
         other_decay=[(case, Markup(plots.decay_curves(
-            rows, departed, f"Per-round quality · suite {summary.get('suite', '?')} · case {case}",
+            rows, departed, f"Per-round quality · suite {summary.suite} · case {case}",
             prefix=f"decay{i}")))
             for i, (case, rows, departed) in enumerate(_other_departures(table, cases, main), 1)],
         alert_table=Markup(tables.to_html(tables.alert_table(sqdr, brai), "alerts")),
@@ -164,27 +182,27 @@ def render_report(results: DataFrame, summary: dict, history: DataFrame | None =
         ablation_table=Markup(tables.to_html(tables.ablation_table(df, by_case), "ablations"))
         if len(cases) > 1 else None,  # one case: nothing was ablated
         rounds_table=Markup(tables.to_html(tables.rounds_table(main_table), "rounds")),
-        events_table=Markup(tables.to_html(tables.events_table(summary["events"]), "events"))
-        if summary.get("events") else None,
+        events_table=Markup(tables.to_html(tables.events_table(probe.events), "events"))
+        if probe is not None and probe.events else None,
         trend=Markup(plots.trend(history)) if history is not None and len(history) else None,
         history_table=Markup(tables.to_html(tables.history_table(history), "history"))
         if history is not None and len(history) else "",
     )
 
 
-def _measured_bleu(table: DataFrame, summary: dict) -> DataFrame:
+def _measured_bleu(table: DataFrame, summary: Summary) -> DataFrame:
     """The per-round table with summary.json's BLEU-4 (computed before the text was withheld)."""
     keys = ("case", "target", "allocator", "round")
-    measured = {tuple(r.get(k) for k in keys): r.get("bleu4") for r in summary.get("rounds", [])}
+    measured = {tuple(getattr(r, k) for k in keys): r.bleu4 for r in summary.rounds}
     table = table.copy()
     table["bleu4"] = [measured.get(tuple(row[k] for k in keys), math.nan)
                       for row in table.to_dict("records")]
     return table
 
 
-def _sessions_note(summary: dict) -> str | None:
-    """One line on the sessions file a probe replayed (kvdiag.userdata), or None."""
-    f = summary.get("sessions_file")
+def _sessions_note(f: dict | None) -> str | None:
+    """One line on the sessions file a probe replayed (its summary's `sessions_file`, a block
+    kvdiag.userdata describes), or None."""
     if not f:
         return None
     check = (f.get("fact_check") or {}).get("pipeline", "?")
@@ -230,10 +248,8 @@ def _divergence(record: dict) -> float:
     return 1.0 - int(first) / length
 
 
-def environment_rows(environment: dict | None) -> list[tuple[str, str]]:
-    """summary.json's environment block (kvdiag.environment) as (label, text) rows; [] if none."""
-    if not isinstance(environment, dict):
-        return []
+def environment_rows(environment: dict) -> list[tuple[str, str]]:
+    """summary.json's environment block (kvdiag.record.environment) as (label, text) rows; [] if none."""
     rows = [(name, str(version)) for name, version in (environment.get("packages") or {}).items()
             if version is not None]
     rows += [(f"spaCy model {name}", str(version or "not installed"))

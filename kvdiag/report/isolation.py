@@ -4,13 +4,18 @@ every cell.
 
 `fragment(summary)` returns a <section> to embed in a run page; `page(summary)` wraps it in
 a self-contained page (the same inline style as kvdiag.report.html, no scripts, nothing
-loaded from anywhere). Both read only summary.json's `isolation` block.
+loaded from anywhere). Both read only the IsolationSummary (its `isolation` block).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kvdiag.report.style import CSS as _CSS
 from kvdiag.report.style import template
+
+if TYPE_CHECKING:
+    from kvdiag.record.summary import IsolationSummary
 
 TITLES = {
     "no-salt": "No salt: shared cache (the exposure of an unsalted deployment; not judged)",
@@ -40,7 +45,7 @@ _FRAGMENT = (
 _PAGE = (
     '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
     '<title>{{ verdict|upper }} · kvdiag isolation</title><style>{{ css }}</style></head>'
-    '<body><header class="verdict-{{ css_class }}"><h1><span class="badge">'
+    '<body><header class="verdict-{{ verdict }}"><h1><span class="badge">'
     '{{ verdict|upper }}</span>kvdiag · tenant isolation</h1><dl class="meta">'
     '{% for key, value in meta %}<dt>{{ key }}</dt><dd>{{ value }}</dd>{% endfor %}'
     '</dl><p>Rerun with:</p><pre><code>{{ command }}</code></pre>'
@@ -48,29 +53,27 @@ _PAGE = (
 
 
 
-def fragment(summary: dict) -> str:
+def fragment(summary: IsolationSummary) -> str:
     from markupsafe import Markup
 
-    cells = (summary.get("isolation") or {}).get("cells") or []
+    cells = summary.isolation.get("cells") or []
     sections = []
     for config in dict.fromkeys(c["config"] for c in cells):
         rows = sorted((c for c in cells if c["config"] == config), key=lambda c: c["length"])
         sections.append((TITLES.get(config, config), config, Markup(plot(rows, config)),
                          [_row(r) for r in rows]))
-    return template(_FRAGMENT).render(reason=str(summary.get("reason", "")), head=HEAD,
-                                       sections=sections)
+    return template(_FRAGMENT).render(reason=summary.reason, head=HEAD, sections=sections)
 
 
-def page(summary: dict) -> str:
+def page(summary: IsolationSummary) -> str:
     from markupsafe import Markup
 
-    verdict = str(summary.get("verdict", "unknown"))
+    meta = [("target", summary.target), ("model", summary.model), ("signature", summary.signature),
+            ("created", summary.created or "?"), ("wall_seconds", summary.wall_seconds),
+            ("requests", summary.requests)]
     return template(_PAGE).render(
-        css=Markup(_CSS), verdict=verdict,
-        css_class=verdict if verdict in ("pass", "fail", "inconclusive", "error") else "error",
-        meta=[(k, summary.get(k, "?"))
-              for k in ("target", "model", "signature", "created", "wall_seconds", "requests")],
-        command=str(summary.get("command", "")), fragment=Markup(fragment(summary)))
+        css=Markup(_CSS), verdict=summary.verdict.value, meta=meta,
+        command=summary.command or "", fragment=Markup(fragment(summary)))
 
 
 def plot(rows: list[dict], prefix: str) -> str:

@@ -4,8 +4,12 @@ one, what was measured), each live row linked to its own run's report."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kvdiag.report.style import CSS, template
-from kvdiag.verdicts import Verdict
+
+if TYPE_CHECKING:
+    from kvdiag.record.summary import MatrixSummary
 
 COLUMNS = (("fault", "fault"), ("path", "path"), ("class", "class"), ("event", "event"), ("verdict", "verdict"),
            ("expected", "expected"), ("caught_by", "caught by"), ("corrupted", "corrupted"),
@@ -39,11 +43,12 @@ _PAGE = (
 
 
 
-def page(summary: dict) -> str:
+def page(summary: MatrixSummary) -> str:
+    """Its rows are the matrix's dicts: a Verdict where the run holds them, its word where
+    summary.json gave them; the template prints either as the word."""
     from markupsafe import Markup
 
     return template(_PAGE).render(
-        css=Markup(CSS), verdict=Verdict.parse(summary.get("verdict")).value,
-        engine=summary.get("engine", "?"), reason=summary.get("reason", ""),
-        suite=summary.get("suite", "?"), signature=summary.get("signature", ""),
-        created=summary.get("created", "?"), columns=COLUMNS, rows=summary.get("matrix", []))
+        css=Markup(CSS), verdict=summary.verdict.value, engine=summary.engine, reason=summary.reason,
+        suite=summary.suite, signature=summary.signature, created=summary.created or "?",
+        columns=COLUMNS, rows=summary.matrix)

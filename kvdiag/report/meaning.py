@@ -1,28 +1,26 @@
 """What a run's verdict means, in words, and the command that reruns it without overwriting.
 
-Both read summary.json as written; every function here is pure (summary in, string out).
+Both read the typed summary (kvdiag.record.summary); every function here is pure (summary
+in, string out).
 """
 
 from __future__ import annotations
 
 import shlex
+from typing import TYPE_CHECKING
 
-from kvdiag.verdicts import Verdict
+if TYPE_CHECKING:
+    from kvdiag.record.summary import Summary
 
 OUT_OPTIONS = ("--out", "-o")  # the run directory (or report file) options of the commands
 
 
-def verdict_meaning(summary: dict) -> str:
+def verdict_meaning(summary: Summary) -> str:
     """One or two sentences: the verdict and why, as the judge that decided it wrote it
     (summary.json's `reason`); the verdict's general meaning for runs written before
-    `reason` existed. An unknown verdict word is said to be unknown."""
-    word = str(summary.get("verdict", "")).lower()
-    if word not in {v.value for v in Verdict}:
-        known = ", ".join(v.value for v in Verdict)
-        return f"Verdict {word or 'missing'!r}: not one this report knows ({known})."
-    verdict = Verdict(word)
-    reason = summary.get("reason") or verdict.meaning
-    return f"{verdict.value.upper()}: {reason[:1].upper()}{reason[1:]}."
+    `reason` existed. (A verdict outside the four never gets here: load_summary refuses it.)"""
+    reason = summary.reason or summary.verdict.meaning
+    return f"{summary.verdict.value.upper()}: {reason[:1].upper()}{reason[1:]}."
 
 
 def rerun_command(command: str | None) -> str | None:

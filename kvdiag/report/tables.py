@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pandas import DataFrame
 
+    from kvdiag.record.summary_rows import EventRow
+
 FORMATS = {"SQDR": "{:.4f}", "BRAI": "{:.3f}", "leakage (mean)": "{:.4f}",
            "leakage (max)": "{:.4f}", "fact-check": "{:.3f}", "BLEU-4": "{:.1f}",
            "block reuse": "{:.3f}", "sqdr": "{:.4f}", "brai": "{:.3f}",
@@ -91,12 +93,12 @@ def rounds_table(table: DataFrame) -> DataFrame:
     return wide.reset_index()
 
 
-def events_table(events: list[dict]) -> DataFrame:
+def events_table(events: list[EventRow]) -> DataFrame:
     """A probe's coverage table: one row per event of a block's life."""
     import pandas as pd
 
-    return pd.DataFrame([{"event": r["event"], "reached": "yes" if r["reached"] else "NO",
-                          "requests": r["requests"], "evidence": r["evidence"]} for r in events])
+    return pd.DataFrame([{"event": r.event, "reached": "yes" if r.reached else "NO",
+                          "requests": r.requests, "evidence": r.evidence} for r in events])
 
 
 def history_table(history: DataFrame, last: int = 20) -> DataFrame:

@@ -8,37 +8,37 @@ from kvdiag.verdicts import Verdict
 
 
 def render_regress(result) -> list:
-    reg = result.summary.as_dict()["regress"]
-    table = compact_table(f"regress {reg['target']} · suite {result.summary.suite}")
+    reg = result.summary.regress  # a RegressBlock
+    table = compact_table(f"regress {reg.target} · suite {result.summary.suite}")
     for col in ("case", "series", "SQDR", "BRAI", "reuse", "leakage", "divergence"):
         table.add_column(col, justify="left" if col in ("case", "series") else "right")
-    for case, m in reg["measurement"].items():
+    for case, m in reg.measurement.items():
         table.add_row(case, m["series"], *(("-" if v is None else f"{v:.4f}") for v in (
-            m["sqdr"], reg["brai"].get(case), m["block_reuse_rate"], m["attention_leakage"],
+            m["sqdr"], reg.brai.get(case), m["block_reuse_rate"], m["attention_leakage"],
             m["divergence_ratio"])))
     lines: list = [table]
     lines.append(f"signature: {result.summary.signature}")
-    base = reg["baseline"]
+    base = reg.baseline
     lines.append(f"baseline: {base['run_id']} ({base['target']}, {base['created']}) key {base['key_id']}"
                   if base else "baseline: none (ground-truth check only)")
     if result.verdict is not Verdict.FAIL:
         lines.append(headline(result))
     else:
         named = ", ".join(f"{m} (rounds {', '.join(map(str, r)) if r != [0] else 'whole run'})"
-                          for m, r in reg["regressed"].items())
+                          for m, r in reg.regressed.items())
         lines.append(headline(result, f"regressed: {named or 'nothing against the baseline'}"))
-        against = [c for c in reg["failed_checks"] if c["metric"] != "ground_truth"]
+        against = [c for c in reg.failed_checks if c["metric"] != "ground_truth"]
         for c in against[:25]:
             lines.append(f"  {c['message']}")
         if len(against) > 25:
             lines.append(f"  ... {len(against) - 25} more in summary.json (regress.failed_checks)")
-        for c in reg["failed_checks"]:
+        for c in reg.failed_checks:
             if c["metric"] == "ground_truth":
                 first = c["message"].split("; ")[0]
                 lines.append(f"  {c['case']}: {int(c['value'])} ground-truth finding(s) against the "
                               f"run's own reference, first: {first}")
     junit = result.extra.get("junit")
-    lines.append(f"run {reg['run_id']}: {result.run_dir}/report.html"
+    lines.append(f"run {reg.run_id}: {result.run_dir}/report.html"
                  + (f"; JUnit {junit}" if junit else ""))
     return lines
 

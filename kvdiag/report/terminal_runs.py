@@ -3,57 +3,61 @@ and the vLLM audit (each returns the lines the CLI's Output prints)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kvdiag.report.terminal_style import compact_table, fmt, footer, headline
 from kvdiag.verdicts import Verdict
 from kvdiag.vocab import CONTIGUOUS
 
+if TYPE_CHECKING:
+    from kvdiag.record.summary import ReproduceSummary
+    from kvdiag.record.summary_rows import EventRow
 
-def rounds_table(summary: dict, case: str):
+
+def rounds_table(summary: ReproduceSummary, case: str):
     """Round x allocator: reuse, leakage, BLEU-4, fact-check (reference's beside), foreign."""
-    rows = [r for r in summary["rounds"] if r.get("case") == case]
-    ref = {r["round"]: r for r in rows if r["allocator"] == CONTIGUOUS}
+    rows = [r for r in summary.rounds if r.case == case]
+    ref = {r.round: r.fact_check_pass_rate for r in rows if r.allocator == CONTIGUOUS}
     table = compact_table(f"case {case}",
                           "facts: fact-check pass rate (ref: the contiguous reference's); foreign: "
                           "slots read from other prefixes; rejected: stale hits the guard dropped")
     for col in ("round", "allocator", "reuse", "leakage", "BLEU-4", "facts", "ref", "foreign", "rejected"):
         table.add_column(col, justify="left" if col == "allocator" else "right")
-    rows = [r for r in rows if r["allocator"] != CONTIGUOUS]
-    rows.sort(key=lambda r: (r["round"], r["allocator"]))
+    rows = [r for r in rows if r.allocator != CONTIGUOUS]
+    rows.sort(key=lambda r: (r.round, r.allocator))
     last = None
     for r in rows:
-        name = r["allocator"] if r["target"] == "reference" else r["target"]
-        bad = r["foreign_slots"] or r.get("nonfinite_logits") or (r["bleu4"] or 100) < 100
-        style = "red" if bad else None
-        table.add_row("" if r["round"] == last else str(r["round"]), name,
-                      fmt(r["block_reuse_rate"], ".3f"), fmt(r["attention_leakage"], ".4f"),
-                      fmt(r["bleu4"], ".1f"), fmt(r["fact_check_pass_rate"], ".2f"),
-                      fmt(ref.get(r["round"], {}).get("fact_check_pass_rate"), ".2f"),
-                      str(r["foreign_slots"]), str(r.get("guard_rejections", 0)), style=style,
-                      end_section=False)
-        last = r["round"]
+        name = r.allocator if r.target == "reference" else r.target
+        bad = r.foreign_slots or r.nonfinite_logits or (r.bleu4 or 100) < 100
+        table.add_row("" if r.round == last else str(r.round), name,
+                      fmt(r.block_reuse_rate, ".3f"), fmt(r.attention_leakage, ".4f"),
+                      fmt(r.bleu4, ".1f"), fmt(r.fact_check_pass_rate, ".2f"),
+                      fmt(ref.get(r.round), ".2f"), str(r.foreign_slots), str(r.guard_rejections),
+                      style="red" if bad else None, end_section=False)
+        last = r.round
     return table
 
 
-def verdict_lines(summary: dict) -> list[str]:
+def verdict_lines(summary: ReproduceSummary) -> list[str]:
     lines = []
-    for key, gate in summary.get("gates", {}).items():
+    for key, gate in summary.gates.items():
         state = "[green]flat[/]" if gate["passed"] else f"[red]NOT flat[/] ({len(gate['failures'])} findings)"
         lines.append(f"  {key}: {state}")
         lines += [f"      {f}" for f in gate["failures"][:5]]
-    for key, findings in summary.get("faults", {}).items():
+    for key, findings in summary.faults.items():
         state = (f"[red]corruption reproduced[/] ({len(findings)} findings, first: {findings[0]})"
                  if findings else "[yellow]NOT reproduced: no corruption seen under the trigger[/]")
         lines.append(f"  {key}: {state}")
-    for name, value in (summary.get("sqdr") or {}).items():
-        brai = (summary.get("brai") or {}).get(name)
+    for name, value in summary.sqdr.items():
+        brai = summary.brai.get(name)
         lines.append(f"  {name}: SQDR {fmt(value, '.4f')}  BRAI {fmt(brai, '.4f')}")
     return lines
 
 
 def render_reproduce(result) -> list:
-    s = result.summary.as_dict()
-    lines: list = [rounds_table(s, case) for case in s["cases"]]
-    lines += [f"signature: {s['signature']}", headline(result), *verdict_lines(s)]
+    s = result.summary
+    lines: list = [rounds_table(s, case) for case in s.cases]
+    lines += [f"signature: {s.signature}", headline(result), *verdict_lines(s)]
     return lines + footer(result)[1:]
 
 
@@ -65,57 +69,57 @@ def render_verify(result) -> list:
 
 
 def render_probe(result) -> list:
-    s, frame = result.summary.as_dict(), result.frame
+    s, frame = result.summary, result.frame
     shared = frame[frame["allocator"] == "shared"]
-    table = compact_table(f"probe {s['targets'][0]} ({s['isolation']} isolation)")
+    table = compact_table(f"probe {s.targets[0]} ({s.isolation} isolation)")
     for col in ("round", "BLEU-4", "fact-check", "ref fact", "diverged", "numerics", "corruption", "cached"):
         table.add_column(col, justify="right")
-    rows = {r["round"]: r for r in s["rounds"] if r["allocator"] == "shared"}
-    ref = {r["round"]: r for r in s["rounds"] if r["allocator"] == "isolated"}
+    rows = {r.round: r for r in s.rounds if r.allocator == "shared"}
+    ref = {r.round: r.fact_check_pass_rate for r in s.rounds if r.allocator == "isolated"}
     for n in sorted(rows):
         kinds = shared[shared["round"] == n]["classification"]
         r = rows[n]
-        table.add_row(str(n), fmt(r["bleu4"], ".1f"), fmt(r["fact_check_pass_rate"], ".2f"),
-                      fmt(ref.get(n, {}).get("fact_check_pass_rate"), ".2f"),
+        table.add_row(str(n), fmt(r.bleu4, ".1f"), fmt(r.fact_check_pass_rate, ".2f"),
+                      fmt(ref.get(n), ".2f"),
                       str(int((kinds != "match").sum())), str(int((kinds == "numerics").sum())),
-                      str(int((kinds == "corruption").sum())), fmt(r["block_reuse_rate"], ".2f"),
+                      str(int((kinds == "corruption").sum())), fmt(r.block_reuse_rate, ".2f"),
                       style="red" if (kinds == "corruption").any() else None)
-    nf, pc = s["noise_floor"], s["server_prefix_cache"]
+    nf, pc = s.noise_floor, s.server_prefix_cache
     lines = [table, f"noise floor: {nf['diverged_pairs']}/{nf['pairs']} repeated isolated requests "
              f"diverged, largest margin {nf['margin']:.3f} nats (a stable ground truth stays within "
              f"the numerics margin, {nf['numerics_margin']:.3f} nats)"]
     if pc.get("hit_rate") is not None:
         lines.append(f"server prefix cache (shared phase): {pc['hits']:.0f}/{pc['queries']:.0f} "
                      f"tokens hit ({pc['hit_rate']:.1%})")
-    recycling = s.get("recycling") or {}
+    recycling = s.recycling
     if recycling:
         seen = "observed" if recycling.get("observed") else "NOT observed"
         lines.append(f"block recycling: {seen} ({recycling.get('how') or 'no sign of it'})")
-    truth = s.get("ground_truth") or {}
+    truth = s.ground_truth
     if truth.get("isolated"):
         lines.append(f"ground truth: {truth['contaminated']} of {truth['isolated']} isolated requests "
                      f"reported cached tokens (must be 0), {truth.get('unchecked', 0)} reported no "
                      "count (must be 0)")
-    lines += _key_coverage_lines(s.get("key_coverage") or {})
-    lines += _event_lines(s.get("events") or [], s.get("topk") or {})
+    lines += _key_coverage_lines(s.key_coverage)
+    lines += _event_lines(s.events, s.topk)
     what = ""
-    if result.verdict is Verdict.FAIL and not s["corrupted_requests"]:
-        what = s["reason"]
+    if result.verdict is Verdict.FAIL and not s.corrupted_requests:
+        what = s.reason
     elif result.verdict is Verdict.FAIL:
-        what = (f"corruption in rounds {s['corruption_rounds']} ({s['corrupted_requests']} requests; "
-                f"{s['numerics_requests']} numerics)")
-        first = (s.get("first_divergences") or [None])[0]
-        if first and s.get("text") == "withheld":  # --no-text: no token quoted
+        what = (f"corruption in rounds {s.corruption_rounds} ({s.corrupted_requests} requests; "
+                f"{s.numerics_requests} numerics)")
+        first = (s.first_divergences or [None])[0]
+        if first and s.text == "withheld":  # --no-text: no token quoted
             what += f"; first divergent token: round {first['round']} {first['session']}"
         elif first:
             what += (f"; first divergent token: round {first['round']} {first['session']}: "
                      f"{first['shared_token']!r} instead of {first['isolated_token']!r}")
     elif result.verdict is Verdict.PASS:
-        what = f"no divergence beyond the noise floor ({s['numerics_requests']} numerics)"
+        what = f"no divergence beyond the noise floor ({s.numerics_requests} numerics)"
     return lines + [headline(result, what), *footer(result)]
 
 
-def _event_lines(events: list[dict], topk: dict) -> list:
+def _event_lines(events: list[EventRow], topk: dict) -> list:
     """The coverage table (one row per event of a block's life) and the second channel."""
     out: list = []
     if events:
@@ -124,8 +128,8 @@ def _event_lines(events: list[dict], topk: dict) -> list:
                              ("evidence", "left")):
             table.add_column(col, justify=justify)
         for r in events:
-            table.add_row(r["event"], "yes" if r["reached"] else "NO", str(r["requests"]), r["evidence"],
-                          style=None if r["reached"] else "yellow")
+            table.add_row(r.event, "yes" if r.reached else "NO", str(r.requests), r.evidence,
+                          style=None if r.reached else "yellow")
         out.append(table)
     if topk.get("compared"):
         out.append(f"top-k logprobs (first {topk['positions']} tokens): {topk['compared']} requests "

@@ -29,7 +29,7 @@ def compact_table(title: str, caption: str | None = None):
 def headline(result, what: str = "") -> str:
     """The verdict in colour and one sentence: `what`, else the summary's reason."""
     v = result.verdict
-    reason = getattr(result.summary, "reason", "") or v.meaning
+    reason = result.summary.reason or v.meaning
     return f"[bold {COLOURS[v]}]{v.value.upper()}[/] {what or reason}"
 
 

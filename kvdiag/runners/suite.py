@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvdiag.suites import Case, Suite
+from kvdiag.planning.suites import Case, Suite
 from kvdiag.vocab import VLLM
 
 
@@ -46,7 +46,7 @@ def run_suite(suite: Suite, cases: list[Case], model_dir: Path, *,
               check_integrity: bool = False) -> SuiteRun:
     """Every case through the contiguous reference (read from the on-disk reference cache
     when `use_cache`) and each allocator."""
-    from kvdiag.plan import plan_case
+    from kvdiag.planning.plan import plan_case
     from kvdiag.runners.reference.engine import run_case
     from reference_engine.loader import load_checkpoint
 

@@ -22,6 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvdiag.errors import KvdiagError
 
+KIND = "chat"  # a round of a user's conversation (neither "question" nor "recite")
+
 FORMATS = ("openai", "sharegpt")
 KEYS = {"openai": "messages", "sharegpt": "conversations"}
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant",

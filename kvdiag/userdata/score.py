@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from kvdiag.userdata.plan import KIND
+from kvdiag.userdata.formats import KIND
 
 SHARED = "shared"  # kvdiag.runners.live.phases.SHARED (pressure rows are recorded under it too)
 SHOWN = 8  # entities a failed row's reason names at most

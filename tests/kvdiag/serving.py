@@ -53,8 +53,8 @@ def served(*args: str, timeout: float = 120.0, env: dict[str, str] | None = None
 
 def smoke_pool() -> int:
     """The pool the smoke suite's trigger case recycles in (as the in-process runner sizes it)."""
-    from kvdiag.plan import plan_case
-    from kvdiag.suites import load_suite
+    from kvdiag.planning.plan import plan_case
+    from kvdiag.planning.suites import load_suite
     from reference_engine.tokenizer import Tokenizer
 
     suite = load_suite("smoke")

@@ -8,7 +8,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from kvdiag.environment import describe_environment, git_commit
+from kvdiag.record.environment import describe_environment, git_commit
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,7 +34,7 @@ def test_git_commit_in_a_checkout_and_none_outside(tmp_path: Path) -> None:
 
 
 def test_describing_is_cheap_on_imports() -> None:
-    code = ("import sys; from kvdiag.environment import describe_environment; "
+    code = ("import sys; from kvdiag.record.environment import describe_environment; "
             "describe_environment(); "
             "print(sorted(m for m in ('torch', 'spacy', 'transformers', 'matplotlib') "
             "if m in sys.modules))")

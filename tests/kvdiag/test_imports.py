@@ -145,4 +145,4 @@ def test_allocator_registry_and_help_import_no_torch():
                             "allocators.canonical_name('buggy')")
     assert not _loads_torch("from typer.testing import CliRunner; from kvdiag.cli import app; "
                             "assert CliRunner().invoke(app, ['--help']).exit_code == 0")
-    assert not _loads_torch("import kvdiag.suites, kvdiag.verdicts, kvdiag.vocab, kvdiag.lifecycle")
+    assert not _loads_torch("import kvdiag.planning.suites, kvdiag.verdicts, kvdiag.vocab, kvdiag.commands.lifecycle")

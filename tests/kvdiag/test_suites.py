@@ -5,7 +5,7 @@ import math
 import pytest
 
 from kvdiag.errors import SuiteError
-from kvdiag.suites import load_suite
+from kvdiag.planning.suites import load_suite
 
 
 def test_bundled_suites_load():

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvdiag.cli import app
-from kvdiag.summary import json_schema
+from kvdiag.record.kinds import json_schema
 from tests.kvdiag.schema_util import SCHEMA, _validator
 
 

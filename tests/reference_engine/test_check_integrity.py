@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from kvdiag.scenarios import make_schedule
+from kvdiag.planning.scenarios import make_schedule
 from reference_engine.config import EngineConfig
 from tests.sessions_util import answer_lengths, paged_turns, reference_turns
 

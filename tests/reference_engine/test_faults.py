@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from kvdiag.scenarios import make_schedule
+from kvdiag.planning.scenarios import make_schedule
 from reference_engine.config import EngineConfig
 from reference_engine.engine import LLMEngine
 from tests.sessions_util import answer_lengths, paged_turns, reference_turns

@@ -3,7 +3,7 @@ forces recycling and preemption, against the contiguous reference mode."""
 
 import dataclasses
 
-from kvdiag.scenarios import make_schedule
+from kvdiag.planning.scenarios import make_schedule
 from tests.sessions_util import answer_lengths, paged_turns, reference_turns
 
 

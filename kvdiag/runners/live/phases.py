@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvdiag.plan import CasePlan
+from kvdiag.planning.plan import CasePlan
 from kvdiag.runners.live.endpoint import Endpoint
 from kvdiag.runners.live.pressure import ServerCache, pressure_sessions
 from kvdiag.runners.live.store import RoundStore
@@ -46,7 +46,7 @@ class ProbeSettings:
     block_size: int | None = None
     num_blocks: int | None = None
     max_pressure_sessions: int = 256  # at most this many pressure sessions (see pressure.py)
-    # traffic that reaches more fault classes (kvdiag.plan's module docstring):
+    # traffic that reaches more fault classes (kvdiag.planning.plan's module docstring):
     spread: bool = True  # sessions diverge at every slot offset of a block
     twins: bool = True  # each shared request has a one-token twin sent with it (twin_of)
     adapter: str | None = None  # rounds alternate between the base model and this adapter

@@ -96,7 +96,7 @@ def observe_recycling(shared_rows: dict[tuple[int, int], dict], block_size: int,
                       before: dict[str, float], after: dict[str, float], counters) -> dict:
     """Whether the server recycled blocks during the shared pass, and how it shows.
     `shared_rows` maps (phase, session, round index) to the probe's stored row; `counters`
-    names the engine's eviction counters (runners/live/endpoint.CacheCounters)."""
+    names the engine's eviction counters (engines/spec.CacheCounters)."""
     evictions = None
     for name in counters.evictions:
         if name in after:

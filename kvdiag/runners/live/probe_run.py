@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvdiag.errors import KvdiagError
+from kvdiag.planning.suites import Case, Suite
 from kvdiag.runners.live import compare as C
 from kvdiag.runners.live import differential as D
 from kvdiag.runners.live import lifecycle as L
@@ -29,7 +30,6 @@ from kvdiag.runners.live.pressure import ServerCache, observe_recycling
 from kvdiag.runners.live.store import RoundStore
 from kvdiag.runners.live.tokenizer import RemoteTokenizer
 from kvdiag.runners.records import Record
-from kvdiag.suites import Case, Suite
 
 
 @dataclass
@@ -38,7 +38,7 @@ class ProbeRun:
     the facts its judge and its summary read."""
 
     frame: object  # pandas DataFrame
-    plan: object  # kvdiag.plan.CasePlan
+    plan: object  # kvdiag.planning.plan.CasePlan
     model_label: str  # the served model with a digest of its /v1/models entry
     server: ServerCache
     engine: dict  # {"name", "version"} as the server says
@@ -153,7 +153,7 @@ def _plan(endpoint: Endpoint, suite: Suite, case: Case, server: ServerCache,
           settings: P.ProbeSettings, count_with: str, warn: Callable[[str], None]):
     """(the case planned with the server's tokenizer at its block size, whether isolated runs
     are salted, the settings as this server allows them)."""
-    from kvdiag.plan import plan_case
+    from kvdiag.planning.plan import plan_case
 
     tokenizer = RemoteTokenizer(endpoint, use_usage=count_with == "usage")
     plan = plan_case(suite, case, tokenizer, block_size=server.block_size, spread=settings.spread,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from kvdiag.errors import KvdiagError
 from kvdiag.metrics.decay import first_divergence
-from kvdiag.plan import CasePlan
+from kvdiag.planning.plan import CasePlan
 from kvdiag.runners.records import Checker, Record
 from kvdiag.vocab import CONTIGUOUS
 

@@ -16,10 +16,10 @@ from kvdiag.vocab import CONTIGUOUS
 def trace_for_case(suite, case, model=None, device: str = "cpu", dtype: str | None = None, *,
                    spread: bool = True, twins: bool = True, adapter: str | None = None) -> Trace:
     """Plan the case with the model's tokenizer and run the contiguous reference for the
-    outputs every replay teacher-forces. `spread`, `adapter` (kvdiag.plan) and `twins`
+    outputs every replay teacher-forces. `spread`, `adapter` (kvdiag.planning.plan) and `twins`
     (trace.from_plan) are the live probe's traffic, so the audit reaches what it reaches."""
     from kvdiag.paths import CANARY
-    from kvdiag.plan import plan_case
+    from kvdiag.planning.plan import plan_case
     from kvdiag.runners.reference.engine import run_case
     from kvdiag.runners.replay.trace import from_plan
     from reference_engine.loader import load_checkpoint

@@ -13,7 +13,7 @@ tokens the contiguous reference generated (teacher-forced into every replay):
 
 `round` is 1-based; `think_steps` is how many engine steps the session waits, after its
 previous round finished, before it sends this one. Reading validates each line with pydantic
-(strict) against the dataclasses below, as kvdiag.suites does a suite's keys.
+(strict) against the dataclasses below, as kvdiag.planning.suites does a suite's keys.
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def from_plan(plan, reference_records, cache_salt: str | None = None, twins: boo
 
 def from_schedule(schedule, *, max_num_seqs: int = 16, vocab: int = 128, seed: int = 0,
                   suite: str = "synthetic", cache_salt: str | None = None) -> Trace:
-    """A trace with random token ids of exactly the schedule's lengths (kvdiag.scenarios):
+    """A trace with random token ids of exactly the schedule's lengths (kvdiag.planning.scenarios):
     every session starts with the same `shared_prefix` tokens, each round's prompt is the
     previous prompt + its whole answer + new user tokens (as tests/sessions_util.py). No model and no tokenizer: for tests and
     benchmarks of the block managers alone."""

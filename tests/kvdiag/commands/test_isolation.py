@@ -20,8 +20,10 @@ from kvdiag.cli import app
 from kvdiag.errors import KvdiagError
 from kvdiag.metrics.auc import bootstrap_ci, rank_test, roc_auc
 from kvdiag.report.isolation import page
-from kvdiag.runners.live.isolation import IsolationPlan, mark_leaks, parse_lengths
+from kvdiag.runners.live.isolation_cells import mark_leaks
+from kvdiag.runners.live.isolation_plan import IsolationPlan, parse_lengths
 from kvdiag.verdicts import Verdict, judge_isolation
+from tests.kvdiag import summaries
 from tests.kvdiag.serving import free_port, served
 
 LENGTHS = "16,256,2048"  # one block, a few, and a prefix whose cached prefill is much faster
@@ -105,7 +107,7 @@ def test_verdicts_follow_the_per_tenant_configuration_and_the_control():
 
 def test_page_draws_one_plot_per_configuration_and_no_scripts():
     cells = mark_leaks(_cells(), IsolationPlan(lengths=(64,)))
-    html = page({"verdict": "pass", "reason": "r", "isolation": {"cells": cells}})
+    html = page(summaries.isolation(reason="r", isolation={"cells": cells}))
     assert html.count("<svg") == 3 and "<script" not in html.lower()
 
 

@@ -150,10 +150,12 @@ def test_bad_input_exits_2(tmp_path, args, message):
 
 
 def test_baseline_update_refuses_a_run_not_made_by_regress(tmp_path):
-    (tmp_path / "summary.json").write_text(json.dumps({"suite": "smoke", "verdict": "pass"}))
+    from tests.kvdiag.summaries import reproduce
+
+    (tmp_path / "summary.json").write_text(reproduce(suite="smoke").to_json())
     result = invoke("baseline", "update", str(tmp_path), "--baseline", str(tmp_path / "b.json"),
                     "--history", str(tmp_path / "h.sqlite"))
-    assert result.exit_code == 2 and "not made by `kvdiag regress`" in result.output
+    assert result.exit_code == 2 and "not made by `kvdiag regress` (a reproduce run" in result.output
 
 
 def test_sigkill_inside_the_history_transaction_keeps_earlier_runs(smoke, tmp_path):
@@ -188,7 +190,7 @@ def test_sigkill_at_any_point_never_records_an_unfinished_run(smoke, tmp_path, p
     the history transaction: no run is recorded without all of its files, the database
     passes integrity_check, an unfinished directory never opens as a verdict, and a rerun
     works."""
-    from kvdiag.rundir import PAUSE_ENV
+    from kvdiag.record.rundir import PAUSE_ENV
 
     d, *_ = smoke
     history = tmp_path / "history.sqlite"
@@ -260,7 +262,7 @@ def test_a_live_server_as_the_target(tmp_path):
 
 
 def test_the_weekly_suite_is_long():
-    from kvdiag.suites import load_suite
+    from kvdiag.planning.suites import load_suite
 
     weekly = load_suite("weekly")
     assert [c.name for c in weekly.select(None)] == ["canary"]
@@ -271,8 +273,8 @@ def test_the_weekly_suite_is_long():
 
 @pytest.mark.slow
 def test_the_weekly_canary_plan_grows_200_tokens_per_turn_across_4096():
-    from kvdiag.plan import plan_case
-    from kvdiag.suites import load_suite
+    from kvdiag.planning.plan import plan_case
+    from kvdiag.planning.suites import load_suite
     from reference_engine.tokenizer import Tokenizer
 
     weekly = load_suite("weekly")

@@ -219,8 +219,8 @@ def test_a_failing_allocator_stops_the_others_and_its_error_is_raised(monkeypatc
 
 def _smoke_trigger():
     from kvdiag.paths import CANARY
-    from kvdiag.plan import plan_case
-    from kvdiag.suites import load_cases
+    from kvdiag.planning.plan import plan_case
+    from kvdiag.planning.suites import load_cases
     from reference_engine.loader import load_checkpoint
 
     suite, (case,) = load_cases("smoke", ["trigger"])

@@ -31,8 +31,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm_live, needs_vllm]
 @cache
 def smoke_pool() -> int:
     """The pool the smoke suite's trigger case recycles in, at vLLM's block size."""
-    from kvdiag.plan import plan_case
-    from kvdiag.suites import load_suite
+    from kvdiag.planning.plan import plan_case
+    from kvdiag.planning.suites import load_suite
     from reference_engine.tokenizer import Tokenizer
 
     suite = load_suite("smoke")

@@ -40,8 +40,8 @@ def test_plugin_is_inert_without_a_fault_and_refuses_an_unknown_one(monkeypatch)
 
 @pytest.fixture(scope="module")
 def plan32():
-    from kvdiag.plan import plan_case
-    from kvdiag.suites import load_suite
+    from kvdiag.planning.plan import plan_case
+    from kvdiag.planning.suites import load_suite
     from reference_engine.tokenizer import Tokenizer
 
     suite = load_suite("smoke")

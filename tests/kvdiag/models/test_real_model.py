@@ -182,7 +182,7 @@ def test_prompt_over_the_context_is_a_clear_error(smollm2):
 @pytest.mark.slow
 def test_natural_case_guarded_equals_reference_and_buggy_departs(smollm2, tmp_path):
     from kvdiag.commands.reproduce import measure
-    from kvdiag.suites import load_suite
+    from kvdiag.planning.suites import load_suite
     from kvdiag.verdicts.findings import series
 
     suite = load_suite("natural")

@@ -10,6 +10,7 @@ import pandas as pd
 
 from kvdiag.fleet import page as fleet_page
 from kvdiag.report import compare, isolation, matrix
+from tests.kvdiag import summaries
 
 EVIL = "<script>alert('x')</script>&"
 ESCAPED = "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;&amp;"
@@ -22,8 +23,8 @@ def _clean(html: str) -> None:
 def test_matrix_page_escapes_and_links_each_run():
     row = {"fault": EVIL, "path": "live", "verdict": "fail", "expected": "fail", "caught": True,
            "run_dir": "/runs/matrix/fault-live"}
-    html = matrix.page({"verdict": "pass", "reason": EVIL, "engine": "vllm", "matrix": [
-        row, row | {"caught": False, "run_dir": None, "verdict": "pass"}]})
+    html = matrix.page(summaries.matrix(reason=EVIL, matrix=[
+        row, row | {"caught": False, "run_dir": None, "verdict": "pass"}]))
     _clean(html)
     assert '<tr class="caught">' in html and '<tr class="missed">' in html
     assert '<td class="fail"><b>FAIL</b> <a href="fault-live/report.html">report</a></td>' in html
@@ -31,12 +32,12 @@ def test_matrix_page_escapes_and_links_each_run():
 
 
 def test_isolation_and_compare_pages_escape_the_summary():
-    html = isolation.page({"verdict": "pass", "reason": EVIL, "command": EVIL, "target": EVIL})
+    html = isolation.page(summaries.isolation(reason=EVIL, command=EVIL, target=EVIL))
     _clean(html)
     assert '<header class="verdict-pass">' in html and html.count(ESCAPED) == 3
-    html = compare.page({"verdict": "fail", "reason": EVIL, "command": "kvdiag compare",
-                         "targets": [{"target": EVIL, "verdict": "fail", "reason": "r",
-                                      "sqdr": 0.25, "run_dir": "t-run"}]})
+    html = compare.page(summaries.compare(verdict="fail", reason=EVIL, command="kvdiag compare",
+                                          targets=[{"target": EVIL, "verdict": "fail", "reason": "r",
+                                                    "sqdr": 0.25, "run_dir": "t-run"}]))
     _clean(html)
     assert '<td class="fail"><b>FAIL</b> <a href="t-run/report.html">report</a></td>' in html
     assert "<td>0.2500</td><td>-</td>" in html and "No target was measured" in html

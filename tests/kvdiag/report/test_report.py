@@ -4,7 +4,6 @@ that decays from round 4, flat ablations, a run history) cover what one run cann
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
@@ -14,11 +13,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kvdiag.environment import describe_environment
 from kvdiag.errors import KvdiagError
 from kvdiag.metrics.decay import per_round, summarize
+from kvdiag.record.environment import describe_environment
 from kvdiag.report import render_report, write_report
 from kvdiag.report.meaning import rerun_command
+from tests.kvdiag.summaries import reproduce
 
 CHROMIUM = Path("/usr/bin/chromium")
 WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa",
@@ -75,13 +75,10 @@ def synthetic_results(sessions: int = 16, rounds: int = 12, seed: int = 0) -> pd
 def write_run(run_dir: Path, results: pd.DataFrame, verdict: str = "fail", **extra) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     results.to_parquet(run_dir / "results.parquet")
-    summary = {**extra, "signature": "kvdiag:0.1|engine:reference|alloc:buggy,guarded|bs:16|"
-                            "model:canary-0123abcd|suite:reproduce|seed:0",
-               "suite": "reproduce", "verdict": verdict, "wall_seconds": 41.7,
-               "command": COMMAND, "created": "2025-11-29T10:00:00+00:00",
-               "targets": ["reference"], "cases": list(dict.fromkeys(results["case"])),
-               **summarize(results)}
-    (run_dir / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
+    summary = reproduce(**extra, verdict=verdict, wall_seconds=41.7, command=COMMAND,
+                        created="2025-11-29T10:00:00+00:00", targets=["reference"],
+                        cases=list(dict.fromkeys(results["case"])), **summarize(results))
+    (run_dir / "summary.json").write_text(summary.to_json(), encoding="utf-8")
     return run_dir
 
 
@@ -144,7 +141,7 @@ def test_report_without_history_or_leakage(tmp_path: Path) -> None:
 def test_missing_run_files_are_named(tmp_path: Path) -> None:
     with pytest.raises(KvdiagError, match="results.parquet"):
         write_report(tmp_path)
-    html = render_report(synthetic_results(2, 3), {"verdict": "pass", "suite": "smoke"})
+    html = render_report(synthetic_results(2, 3), reproduce(suite="smoke"))
     assert "not recorded" in html  # an old summary without `command` still renders
 
 
@@ -242,7 +239,7 @@ def table(html: str, name: str) -> pd.DataFrame:
 
 def test_verdict_is_said_in_words_next_to_the_badge() -> None:
     """The badge and its sentence are the judge's verdict and reason, for every verdict."""
-    from kvdiag.summary import ReproduceSummary
+    from kvdiag.record.summary import ReproduceSummary
     from kvdiag.verdicts import Verdict, judge_probe
     from tests.kvdiag.test_verdicts import evidence
 
@@ -252,12 +249,12 @@ def test_verdict_is_said_in_words_next_to_the_badge() -> None:
     cases = [(Verdict.PASS, "trigger/guarded stayed flat"), (Verdict.FAIL, probe.reason),
              (Verdict.INCONCLUSIVE, "the trigger was not reached"), (Verdict.ERROR, contaminated.reason)]
     for verdict, reason in cases:
-        html = render_report(results, {"verdict": verdict.value, "reason": reason})
+        html = render_report(results, reproduce(verdict=verdict, reason=reason))
         meaning = re.search(r'<p class="meaning" id="verdict-meaning">([^<]*)</p>', html)[1]
         assert meaning.startswith(f"{verdict.value.upper()}: ") and reason[1:] in meaning
         assert f'<header class="verdict-{verdict.value}">' in html
     assert "3 requests answered from the shared prefix cache" in probe.reason
-    old = render_report(results, {"verdict": "inconclusive"})  # written before `reason` existed
+    old = render_report(results, reproduce(verdict="inconclusive"))  # written before `reason` existed
     assert "the trigger was not reproduced or not reached" in old
     assert ".verdict-inconclusive .badge{background:#b7791f" in old  # amber
     assert ".verdict-error .badge{background:#6b21a8" in old
@@ -265,7 +262,7 @@ def test_verdict_is_said_in_words_next_to_the_badge() -> None:
 
 
 def test_counts_are_integers_and_the_reference_has_no_brai(tmp_path: Path) -> None:
-    html = render_report(synthetic_results(sessions=4, rounds=8), {"verdict": "fail"})
+    html = render_report(synthetic_results(sessions=4, rounds=8), reproduce(verdict="fail"))
     rounds = table(html, "rounds")
     counts = [c for c in rounds.columns if c.startswith("foreign slots")]
     assert counts and all(re.fullmatch(r"\d+", v) for c in counts for v in rounds[c]), rounds
@@ -281,16 +278,16 @@ def test_counts_are_integers_and_the_reference_has_no_brai(tmp_path: Path) -> No
 
 def test_no_ablations_section_without_ablations() -> None:
     results = synthetic_results(sessions=2, rounds=3)
-    only_main = render_report(results[results["case"] == "trigger"], {"verdict": "pass"})
+    only_main = render_report(results[results["case"] == "trigger"], reproduce())
     assert 'id="ablations"' not in only_main and 'href="#ablations"' not in only_main
     assert "Per-round values" in only_main  # still there, under the decay curves
-    assert 'id="ablations"' in render_report(results, {"verdict": "pass"})
+    assert 'id="ablations"' in render_report(results, reproduce())
 
 
 def test_curves_carry_hover_titles_and_leave_the_reference_out_of_reuse() -> None:
     results = synthetic_results(sessions=2, rounds=3)
     main = results[results["case"] == "trigger"]
-    html = render_report(main, {"verdict": "pass"})
+    html = render_report(main, reproduce())
     decay = html[html.index('<section id="decay">'):html.index('<section id="alerts">')]
     titles = re.findall(r"<title>([^<]*)</title>", decay)
     rows = per_round(main.assign())
@@ -314,8 +311,7 @@ def test_signature_and_environment_are_shown(tmp_path: Path) -> None:
     assert f"<dt>torch</dt><dd>{environment['packages']['torch']}</dd>" in text
     if environment["git"]:
         assert environment["git"]["commit"] in text
-    assert '<details id="environment">' not in render_report(synthetic_results(2, 3),
-                                                             {"verdict": "pass"})
+    assert '<details id="environment">' not in render_report(synthetic_results(2, 3), reproduce())
 
 
 def test_rerun_command_never_names_the_old_run_directory() -> None:

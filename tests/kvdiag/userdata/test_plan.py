@@ -10,9 +10,9 @@ import json
 import pytest
 
 from kvdiag.errors import KvdiagError
-from kvdiag.plan import plan_case
-from kvdiag.suites import load_suite
-from kvdiag.userdata.plan import plan_sessions_file
+from kvdiag.planning.plan import plan_case
+from kvdiag.planning.sessions import plan_sessions_file
+from kvdiag.planning.suites import load_suite
 from reference_engine.tokenizer import Tokenizer
 
 
@@ -47,8 +47,9 @@ def test_rounds_replay_the_files_own_turns(tmp_path, tok):
     a = plan.sessions[0]
     assert a.messages(2) == chats[0][:6]  # system, (user, assistant) x 2, the third user turn
     assert [r.expected for r in a.rounds] == [m["content"] for m in chats[0][2:9:2]]
-    b = plan.sessions[1]  # no assistant turns: user turns follow one another, nothing invented
+    b = plan.sessions[1]  # no assistant turns and no server to ask: nothing is invented
     assert [m["role"] for m in b.messages(3)] == ["system"] + ["user"] * 4
+    assert plan.user["history"] == "the file's own turns; 3 missing answers left out (no server to answer them)"
     # the one prompt both phases send: plan.prompts are exactly what messages(r) encode to
     for s, session in enumerate(plan.sessions):
         assert plan.prompts[s] == [tok.encode_chat(session.messages(r)) for r in range(4)]
@@ -92,3 +93,40 @@ def test_a_suite_names_a_sessions_file_relative_to_itself(tmp_path, tok):
     (tmp_path / "s.jsonl").write_text('{"conversations": [{"from": "human", "value": 1}]}\n')
     with pytest.raises(KvdiagError, match=r"s\.jsonl:1: conversations\[0\]\.value"):
         load_suite(tmp_path / "mine.yaml")  # validated on load, before any server starts
+
+
+def test_missing_answers_are_the_servers_in_isolation(tmp_path):
+    """A file without assistant turns, planned against a real `kvdiag serve`: each missing
+    answer is what the server answers in isolation to the history before it, so the prompt of
+    every round is known before anything is sent, and the same for the shared and isolated runs."""
+    import asyncio
+    import uuid
+
+    from kvdiag.runners.live.endpoint import Endpoint
+    from kvdiag.runners.live.tokenizer import RemoteTokenizer
+    from tests.kvdiag.serving import served
+
+    chats = [chat(3, "a", answers=False), chat(3, "b")]
+    suite, case = suite_for(tmp_path, chats, rounds=3, max_tokens=12)
+    with served("--allocator", "guarded", "--max-model-len", "2048") as (url, _):
+        endpoint = Endpoint(url, "canary")
+        plan = plan_case(suite, case, RemoteTokenizer(endpoint))
+        a, b = plan.sessions
+        assert plan.user["history"] == "the file's own turns; 2 missing answers filled by the server in isolation"
+        assert b.messages(2) == chats[1][:6]  # a file with its answers is replayed as written
+        msgs = a.messages(2)
+        assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "user"]
+        assert [m["content"] for m in msgs if m["role"] == "user"] == [
+            m["content"] for m in chats[0] if m["role"] == "user"]
+
+        async def ask(messages):
+            try:
+                return await endpoint.chat(messages, case.max_tokens, cache_salt=uuid.uuid4().hex)
+            finally:
+                await endpoint.new_loop()
+
+        for r in (0, 1):  # each filled answer: the server's greedy answer to that round's prompt
+            again = asyncio.run(ask(a.messages(r)))
+            assert again.text == msgs[2 + 2 * r]["content"] != ""
+            assert a.rounds[r].expected == again.text
+        assert plan.prompts[0] == [endpoint.tokenize_chat(a.messages(r)) for r in range(3)]

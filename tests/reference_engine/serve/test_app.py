@@ -118,10 +118,10 @@ def test_probe_plans_the_same_lengths_by_usage_as_by_tokenize(server):
     """Without /tokenize the probe counts with usage.prompt_tokens: same schedule."""
     import dataclasses
 
-    from kvdiag.plan import plan_case
+    from kvdiag.planning.plan import plan_case
+    from kvdiag.planning.suites import load_suite
     from kvdiag.runners.live.endpoint import Endpoint
     from kvdiag.runners.live.tokenizer import RemoteTokenizer
-    from kvdiag.suites import load_suite
 
     suite = load_suite("smoke")
     case = dataclasses.replace(suite.cases[0], sessions=2, rounds=4)

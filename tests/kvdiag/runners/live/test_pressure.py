@@ -14,9 +14,9 @@ import yaml
 
 from kvdiag.commands.probe import judge
 from kvdiag.paths import SUITES
+from kvdiag.planning.suites import load_suite
 from kvdiag.runners.live.phases import ProbeSettings
 from kvdiag.runners.live.probe_run import run_probe
-from kvdiag.suites import load_suite
 from kvdiag.verdicts import Verdict
 from tests.kvdiag.serving import served
 

@@ -9,10 +9,10 @@ import json
 import pytest
 
 from kvdiag.paths import CANARY
-from kvdiag.plan import plan_case
+from kvdiag.planning.plan import plan_case
+from kvdiag.planning.suites import load_suite, resolve_suite_path, with_overrides
 from kvdiag.runners.reference import cache as reference_cache
 from kvdiag.runners.reference.engine import run_case
-from kvdiag.suites import load_suite, resolve_suite_path, with_overrides
 
 
 @pytest.fixture(scope="module")

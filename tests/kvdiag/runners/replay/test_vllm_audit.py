@@ -43,7 +43,7 @@ needs_vllm = pytest.mark.skipif(not _vllm_importable(), reason="vllm is not impo
 
 @pytest.fixture(scope="module")
 def trigger_trace() -> Trace:
-    from kvdiag.scenarios import make_schedule
+    from kvdiag.planning.scenarios import make_schedule
     from tests.sessions_util import answer_lengths
 
     return from_schedule(make_schedule("trigger", answer_lengths(16, 12), min_user=6))
@@ -248,7 +248,7 @@ def test_reproduce_trigger_case_through_vllm(tmp_path):
     """The bundled suite's trigger case (canary model, contiguous reference) through
     run_suite with allocator "vllm", as `kvdiag reproduce --allocators vllm` runs it."""
     from kvdiag.commands.reproduce import measure
-    from kvdiag.suites import load_suite
+    from kvdiag.planning.suites import load_suite
 
     suite = load_suite("reproduce")
     measured = measure(suite, [suite.case("trigger")], allocators=["vllm"])
@@ -302,7 +302,7 @@ def test_every_plant_undoes_itself(api):
     the same trace gives the same hits before and after."""
     from kvdiag.commands.audit import planted_audit
     from kvdiag.engines.vllm.catalog import FAULTS
-    from kvdiag.scenarios import make_schedule
+    from kvdiag.planning.scenarios import make_schedule
     from tests.sessions_util import answer_lengths
 
     trace = from_schedule(make_schedule("trigger", answer_lengths(4, 4), min_user=6,
@@ -345,7 +345,7 @@ def test_a_fault_argument_is_parsed_in_one_place_and_a_bad_one_exits_2(tmp_path)
 # --- the key-coverage family: the differential phase against the over-hit oracle ------------
 @pytest.fixture(scope="module")
 def small_trace_path(tmp_path_factory):
-    from kvdiag.scenarios import make_schedule
+    from kvdiag.planning.scenarios import make_schedule
     from tests.sessions_util import answer_lengths
 
     path = tmp_path_factory.mktemp("small") / "small.jsonl"

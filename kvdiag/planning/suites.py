@@ -20,7 +20,7 @@ from pydantic import BeforeValidator, ConfigDict, Field, TypeAdapter, Validation
 
 from kvdiag.errors import KvdiagError, SuiteError
 from kvdiag.paths import SUITES
-from kvdiag.scenarios import CONDITIONS
+from kvdiag.planning.scenarios import CONDITIONS
 from kvdiag.vocab import STYLES
 
 # YAML has no NaN literal: a suite writes "nan" (vLLM #35138's other tenant fills with NaN)
@@ -34,7 +34,7 @@ Share = Annotated[float, Field(ge=0.0, le=1.0)]
 @dataclass(frozen=True)
 class Case:
     name: str
-    condition: str = "trigger"  # one of kvdiag.scenarios.CONDITIONS
+    condition: str = "trigger"  # one of kvdiag.planning.scenarios.CONDITIONS
     sessions: Positive = 16
     rounds: Positive = 12
     shared_prefix: Count = 3072  # tokens of the system prompt every session shares

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from kvdiag.errors import SuiteError
 from kvdiag.facts import Session, SessionPlan, build_session, make_knowledge_base
 from kvdiag.facts.styles import renderer
-from kvdiag.scenarios import LengthPlanner, Schedule, finish_schedule
-from kvdiag.suites import Case, Suite
+from kvdiag.planning.scenarios import LengthPlanner, Schedule, finish_schedule
+from kvdiag.planning.suites import Case, Suite
 
 
 @dataclass
@@ -82,7 +82,7 @@ def system_prompt(style: str, tokenizer, tokens: int, seed: int) -> str | None:
 
 @dataclass(frozen=True)
 class Spread:
-    """The shared system prompt as facts, and each session's cut of it (kvdiag.plan's module
+    """The shared system prompt as facts, and each session's cut of it (kvdiag.planning.plan's module
     docstring): `systems[s]` its text, `facts[s]` the facts it states, `ask[s]` the facts
     where shorter cuts part from it (asked first: a block shared up to a cut whose hash
     leaves the cut's slot out serves the shorter session's end marker there)."""
@@ -156,7 +156,7 @@ def plan_case(suite: Suite, case: Case, tokenizer, block_size: int | None = None
     that block size's boundary: 4095 -> 4128 at 32); the plan's suite carries it. `spread`
     and `adapter`: see the module docstring."""
     if suite.sessions:  # the user's own conversations instead of generated ones
-        from kvdiag.userdata.plan import plan_sessions_file
+        from kvdiag.planning.sessions import plan_sessions_file
 
         u = plan_sessions_file(suite, case, PieceEncoder.wrap(tokenizer), block_size)
         return CasePlan(u.suite, u.case, u.sessions, u.prompts, u.schedule, adapter, user=u.user)

@@ -5,7 +5,9 @@ against it.
 
 Pydantic rather than dataclasses: the schema is generated from the same classes that build
 the summary, so the published schema cannot drift from what runs write, and validation
-errors name the field.
+errors name the field. Readers never take the JSON as a dict: kvdiag.record.rundir.load_summary
+(parse_summary, in kvdiag.record.kinds) returns the class of its kind, picked by `kind` (both regress classes write
+"regress"; a probe's `style` tells the live one apart), verdicts as Verdicts.
 
 Contract (docs/architecture.md): `signature`, `suite`, `verdict`, `rounds` (each with
 target, allocator, round, block_reuse_rate, attention_leakage, bleu4, fact_check_pass_rate,
@@ -26,7 +28,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kvdiag.summary_rows import EventRow, Num, Opt, RegressBlock, RoundRow
+from kvdiag.record.summary_rows import CompareTarget, EventRow, Num, Opt, RegressBlock, RoundRow
 from kvdiag.verdicts import Verdict
 
 SCHEMA_VERSION = 3
@@ -42,7 +44,7 @@ class Summary(BaseModel):
 
     kind: str
     signature: str = Field(description="How the result was made, model digest included "
-                           "(kvdiag.results.Signature)")
+                           "(kvdiag.record.results.Signature)")
     suite: str
     verdict: Verdict
     reason: str = Field("", description="One sentence: why this verdict")
@@ -52,7 +54,7 @@ class Summary(BaseModel):
     main_case: str | None = None
     by_case: dict[str, dict[str, dict[str, Opt]]] = Field(default_factory=dict)
     bleu_signature: str | None = None
-    # the stamp finish_run adds (kvdiag.lifecycle.stamp)
+    # the stamp finish_run adds (kvdiag.commands.lifecycle.stamp)
     wall_seconds: Num = 0.0
     command: str | None = None
     created: str | None = None
@@ -143,7 +145,7 @@ class ProbeSummary(Summary):
         "decay over a long run shows")
     traffic: dict[str, Any] = Field(
         default_factory=dict, description="what the shared traffic held: spread offsets, twins, "
-        "an adapter (kvdiag.plan)")
+        "an adapter (kvdiag.planning.plan)")
     prompt_logprobs: dict[str, Any] = Field(
         default_factory=dict, description="twins' prompt logprobs checked against their isolated "
         "rounds': checked, mismatched, rounds")
@@ -215,6 +217,9 @@ class RegressProbeSummary(ProbeSummary):
     regress: RegressBlock
 
 
+RegressRun = RegressReferenceSummary | RegressProbeSummary  # either: what a regress run writes
+
+
 class MatrixSummary(Summary):
     """kvdiag detect: healthy and every planted fault, through the audit and the live probe."""
 
@@ -233,22 +238,4 @@ class CompareSummary(Summary):
     ORDER = ("signature", "suite", "verdict", "reason", "sessions_file", "targets", "rounds", "sqdr")
     kind: Literal["compare"] = "compare"
     sessions_file: str | None = None
-    targets: list[dict[str, Any]] = Field(description="per target: spec, verdict, reason, run_dir")
-
-
-KINDS: tuple[type[Summary], ...] = (ReproduceSummary, VerifySummary, ProbeSummary, AuditSummary,
-                                    IsolationSummary, RegressReferenceSummary, RegressProbeSummary,
-                                    MatrixSummary, CompareSummary)
-
-
-def json_schema() -> dict:
-    """The JSON schema of summary.json: any one of the kinds (each names itself in `kind`)."""
-    from typing import Union
-
-    from pydantic import TypeAdapter
-
-    adapter = TypeAdapter(Union[KINDS])  # noqa: UP007 (a runtime tuple of classes)
-    schema = adapter.json_schema(mode="serialization")
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
-            "$id": "https://kvdiag.dev/schema/summary.json",
-            "title": f"kvdiag summary.json (schema_version {SCHEMA_VERSION})", **schema}
+    targets: list[CompareTarget]

@@ -18,9 +18,13 @@ import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvdiag.errors import KvdiagError
 from kvdiag.paths import REPORTS
+
+if TYPE_CHECKING:
+    from kvdiag.record.summary import Summary
 
 PARTIAL = ".partial"
 KEEP_OUT = ("probe.json", "vllm.log", "sglang.log")  # what a run planned or its server said
@@ -147,7 +151,7 @@ def now_iso() -> str:
 
 def write_run(run_dir: Path, frame, summary) -> None:
     """results.parquet (the signature in its schema metadata) and summary.json (a typed
-    kvdiag.summary.Summary), each written to a temporary name then renamed, so a run killed
+    kvdiag.record.summary.Summary), each written to a temporary name then renamed, so a run killed
     mid-write never leaves a half file."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -172,15 +176,32 @@ def require_finished(run_dir: Path) -> Path:
     return Path(run_dir)
 
 
-def read_summary(run_dir: Path) -> dict:
-    """RUN_DIR/summary.json; FileNotFoundError / ValueError name the bad file."""
+def load_summary(run_dir: Path) -> Summary:
+    """RUN_DIR/summary.json as the class of its kind (kvdiag.record.summary), validated, so
+    every reader (report, baseline, fleet, history) gets attributes and Verdicts, never raw
+    JSON. Fields a newer schema added take their defaults in an older file; KvdiagError names
+    the file and the fields that do not fit."""
+    from pydantic import ValidationError
+
+    from kvdiag.record.kinds import parse_summary
+
     path = Path(run_dir) / "summary.json"
     if not path.is_file():
         raise KvdiagError(f"{path}: not found (is {run_dir} a kvdiag run directory?)")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return parse_summary(json.loads(path.read_text(encoding="utf-8")))
     except json.JSONDecodeError as exc:
         raise KvdiagError(f"{path}: not valid JSON ({exc})") from None
+    except ValidationError as exc:
+        raise KvdiagError(f"{path}: not a summary this kvdiag reads ({_bad_fields(exc)})") from None
+
+
+def _bad_fields(error) -> str:
+    """The first few fields of a ValidationError, as `field.path: message` (the location's
+    first part, the kind's tag, left out)."""
+    errors = error.errors()
+    said = [f"{'.'.join(map(str, e['loc'][1:])) or 'kind'}: {e['msg']}" for e in errors[:3]]
+    return "; ".join(said) + (f"; and {len(errors) - 3} more" if len(errors) > 3 else "")
 
 
 class Timer:

@@ -1,6 +1,6 @@
 """What every run returns and writes: the Signature that says how a result was made (as
 sacrebleu's scores carry theirs), and RunResult, which holds the typed summary.json of its
-kind (kvdiag.summary).
+kind (kvdiag.record.summary).
 
     Signature(engine="reference", allocators=("buggy", "guarded"), block_size=16,
               model="canary-397f8e10", suite="reproduce", seed=0).format()
@@ -16,8 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvdiag.verdicts import Verdict
+
+if TYPE_CHECKING:
+    from kvdiag.record.summary import Summary
 
 
 @dataclass(frozen=True)
@@ -65,12 +69,12 @@ def model_label(model_dir: Path) -> str:
 @dataclass
 class RunResult:
     """What a command's measure step and judge step make of a run. `summary` is the typed
-    summary.json of its kind (kvdiag.summary); `frame` its per-request records; `kind`
+    summary.json of its kind (kvdiag.record.summary); `frame` its per-request records; `kind`
     names the renderer; `extra` holds what only the renderer needs (never written)."""
 
     kind: str
     frame: object  # pandas DataFrame of records
-    summary: object  # a kvdiag.summary.Summary
+    summary: Summary
     extra: dict = field(default_factory=dict)
     run_dir: Path | None = None  # set by finish_run
 

@@ -1,4 +1,4 @@
-"""The rows summary.json's kinds are made of (kvdiag.summary): a round of the per-round
+"""The rows summary.json's kinds are made of (kvdiag.record.summary): a round of the per-round
 table, a row of a probe's coverage table, a regression's comparison block."""
 
 from __future__ import annotations
@@ -63,3 +63,16 @@ class RegressBlock(BaseModel):
     regressed: dict[str, list[int]]
     ground_truth_failures: list[str]
     failed_checks: list[dict[str, Any]]
+
+
+class CompareTarget(BaseModel):
+    """One target of kvdiag compare, judged by its own probe (kvdiag.commands.compare)."""
+
+    model_config = ConfigDict(extra="forbid")
+    target: str = Field(description="the target's spec")
+    verdict: Verdict
+    reason: str = ""
+    run_dir: str | None = Field(None, description="its own run directory, under the comparison's")
+    signature: str | None = None
+    sqdr: Opt = None
+    first_corruption_round: int | None = None

@@ -1,10 +1,10 @@
 """The one lifecycle every kind of run goes through (docs/architecture.md, "The run
 lifecycle"), each step in its own place:
 
-    plan      the command checks its input and opens a run directory (kvdiag.rundir)
+    plan      the command checks its input and opens a run directory (kvdiag.record.rundir)
     measure   a runner returns records and raw facts (kvdiag.runners.*)
     judge     the judge of its kind decides the Verdict (kvdiag.verdicts)
-    finish    finish_run() stamps the typed summary (kvdiag.summary) and writes, in the
+    finish    finish_run() stamps the typed summary (kvdiag.record.summary) and writes, in the
               run's .partial directory, results.parquet, summary.json and report.html,
               then renames it complete; the CLI renders it and exits with its verdict's code
 
@@ -18,9 +18,15 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 
-from kvdiag.results import RunResult
-from kvdiag.rundir import RunDir, Timer, now_iso, pause, write_run
-from kvdiag.summary import SCHEMA_VERSION
+from kvdiag.record.results import RunResult
+from kvdiag.record.rundir import RunDir, Timer, now_iso, pause, write_run
+from kvdiag.record.summary import (
+    SCHEMA_VERSION,
+    AuditSummary,
+    ProbeSummary,
+    ReproduceSummary,
+    Summary,
+)
 
 
 def no_progress(description: str, total: int | None = None) -> AbstractContextManager:
@@ -42,11 +48,11 @@ def forwarding(update: Callable[..., None]) -> Callable[..., AbstractContextMana
     return progress
 
 
-def stamp(summary, timer: Timer, engine_version: str | None = None) -> None:
+def stamp(summary: Summary, timer: Timer, engine_version: str | None = None) -> None:
     """What every summary.json ends with: wall time, the (redacted) command, when, and how
     it was made."""
-    from kvdiag.cmdline import command_line
-    from kvdiag.environment import describe_environment
+    from kvdiag.record.cmdline import command_line
+    from kvdiag.record.environment import describe_environment
 
     summary.wall_seconds = round(timer.seconds, 2)
     summary.command = command_line()
@@ -55,10 +61,13 @@ def stamp(summary, timer: Timer, engine_version: str | None = None) -> None:
     summary.environment = describe_environment(vllm_version=engine_version)
 
 
-def _engine_version(summary) -> str | None:
-    server = getattr(summary, "server", None) or {}
-    audit = getattr(summary, "vllm_audit", None) or {}
-    return server.get("vllm_version") or audit.get("vllm_version")
+def _engine_version(summary: Summary) -> str | None:
+    """The vLLM version a run measured: the live server's, or the in-process audit's."""
+    if isinstance(summary, ProbeSummary):
+        return summary.server.get("vllm_version")
+    if isinstance(summary, ReproduceSummary | AuditSummary):
+        return (summary.vllm_audit or {}).get("vllm_version")
+    return None
 
 
 def finish_run(result: RunResult, run: RunDir, timer: Timer, *, history=None,
@@ -75,7 +84,7 @@ def finish_run(result: RunResult, run: RunDir, timer: Timer, *, history=None,
     if before_report is not None:
         before_report(run.path)
     trend = history(result.summary) if callable(history) else history
-    write_report(run.path, history=trend)
+    write_report(run.path, history=trend, summary=result.summary)  # the summary as built, not re-read
     pause("report")
     result.run_dir = run.commit()
     pause("commit")

@@ -45,7 +45,7 @@ def describe_environment(*, vllm_version: str | None = None,
         "machine": platform.machine(),
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
-        "git": git_commit(Path(__file__).resolve().parent.parent),
+        "git": git_commit(Path(__file__).resolve().parents[2]),
     }
 
 
