@@ -18,39 +18,24 @@ removed and the cell runs again, so the history never holds a cell twice.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kvdiag.errors import KvdiagError
 from kvdiag.fleet.cell import PID_DIR_ENV, measure_cell
+from kvdiag.fleet.outcome import Outcome
 from kvdiag.fleet.spec import Cell, Fleet
 from kvdiag.record.summary import RegressProbeSummary, RegressRun
 from kvdiag.verdicts import Verdict, judge_unmeasured
 
 START_ATTEMPTS = 3  # a local Ray that misses its start-up deadline is started again
 BACKSTOP = 3.0  # a cell still unanswered this many time limits after submission is cancelled
-
-
-@dataclass
-class Outcome:
-    cell: str
-    target: str
-    spec: str
-    suite: str
-    case: str
-    status: str  # the cell's verdict in capitals: PASS, FAIL, INCONCLUSIVE or ERROR
-    worst: str  # the worst metric (FAIL: the regressed metric and rounds), or the error
-    run_dir: str | None = None
-    run_id: str | None = None
-    seconds: float | None = None
-    resumed: bool = False  # finished by an earlier driver
-    events: str | None = None  # a live cell's coverage beside its verdict: "7/8 events (no X)"
 
 
 def run_fleet(fleet: Fleet, run_dir: Path, *, resume: bool = False, ray_address: str | None = None,
@@ -89,7 +74,7 @@ def run_fleet(fleet: Fleet, run_dir: Path, *, resume: bool = False, ray_address:
 
 def _append(run_dir: Path, o: Outcome) -> Outcome:
     with open(run_dir / "cells.jsonl", "a") as f:
-        f.write(json.dumps(asdict(o)) + "\n")
+        f.write(json.dumps(o.record()) + "\n")
     return o
 
 
@@ -128,7 +113,7 @@ def _finished(fleet: Fleet, run_dir: Path) -> dict[str, Outcome]:
     if (run_dir / "cells.jsonl").is_file():
         for line in (run_dir / "cells.jsonl").read_text().splitlines():
             if line.strip():
-                o = Outcome(**json.loads(line))
+                o = Outcome.from_record(json.loads(line))
                 last[o.cell] = o
     done = {}
     for cell in fleet.cells:
@@ -136,7 +121,7 @@ def _finished(fleet: Fleet, run_dir: Path) -> dict[str, Outcome]:
         if final.is_dir() and str(final) in recorded:
             # killed between the history row and cells.jsonl: the outcome is in summary.json
             o = last.get(cell.id) or _append(run_dir, _from_summary(fleet, cell, final))
-            done[cell.id] = Outcome(**(asdict(o) | {"resumed": True}))
+            done[cell.id] = dataclasses.replace(o, resumed=True)
             continue
         shutil.rmtree(partial, ignore_errors=True)  # killed mid-record: never a verdict
         if final.is_dir():  # committed but never recorded (killed before the history row)
@@ -152,7 +137,7 @@ def _from_summary(fleet: Fleet, cell: Cell, run_dir: Path) -> Outcome:
         raise KvdiagError(f"{run_dir}: a {summary.kind} run where the fleet wrote a regress run")
     t, reg = fleet.by_name[cell.target], summary.regress
     return Outcome(cell.id, t.name, t.spec, cell.suite_name, cell.case,
-                   reg.verdict.value.upper(), worst_metric(summary),
+                   reg.verdict, worst_metric(summary),
                    str(run_dir), reg.run_id, summary.wall_seconds, events=coverage_of(summary))
 
 
@@ -257,7 +242,7 @@ def _record(fleet: Fleet, cell: Cell, p, opts, ref) -> Outcome:
         return _error(fleet, cell, e)
     t = fleet.by_name[cell.target]
     return Outcome(cell.id, t.name, t.spec, cell.suite_name, cell.case,
-                   res.verdict.value.upper(), worst_metric(res.summary),
+                   res.verdict, worst_metric(res.summary),
                    str(res.run_dir), res.extra["run_id"], round(got["seconds"], 2),
                    events=coverage_of(res.summary))
 
@@ -295,4 +280,4 @@ def _error(fleet: Fleet, cell: Cell, e: BaseException) -> Outcome:
         else str(e).splitlines()[0]
     judged = judge_unmeasured(f"{type(e).__name__}: {text}"[:300])
     return Outcome(cell.id, t.name, t.spec, cell.suite_name, cell.case,
-                   judged.verdict.value.upper(), judged.reason)
+                   judged.verdict, judged.reason)

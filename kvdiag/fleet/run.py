@@ -11,7 +11,7 @@ above the command layer: each cell is a regress run (kvdiag.commands.regress).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from kvdiag.errors import KvdiagError
@@ -29,7 +29,7 @@ class FleetResult:
 
     @property
     def judgement(self) -> Judgement:
-        return judge_fleet(Verdict.parse(o.status) for o in self.outcomes)
+        return judge_fleet(o.verdict for o in self.outcomes)
 
     @property
     def verdict(self) -> Verdict:
@@ -44,7 +44,7 @@ class FleetResult:
     def as_json(self) -> dict:
         return {"verdict": self.verdict.value, "reason": self.judgement.reason,
                 "run_dir": str(self.run_dir), "page": str(self.page),
-                "cells": [asdict(o) for o in self.outcomes]}
+                "cells": [o.record() for o in self.outcomes]}
 
 
 def fleet_run(fleet_file: Path, *, out: Path | None = None, resume: Path | None = None,
