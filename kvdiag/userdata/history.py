@@ -69,17 +69,14 @@ def fill(convs: list[Conversation], rounds: int, max_tokens: int, endpoint) -> t
 async def _answer(conv: Conversation, rounds: int, max_tokens: int, endpoint,
                   salted: bool) -> tuple[Conversation, int]:
     """`conv` with its missing answers, asked in order (each one's prompt holds the answers
-    filled before it)."""
-    msgs, filled = list(conv.messages), 0
-    while True:
-        gaps = missing(dataclasses.replace(conv, messages=tuple(msgs)), rounds)
-        if not gaps:
-            return dataclasses.replace(conv, messages=tuple(msgs)), filled
-        end = gaps[0]
+    filled before it; each filled answer moves the later turns one place on)."""
+    msgs, gaps = list(conv.messages), missing(conv, rounds)
+    for shift, end in enumerate(gaps):
+        at = end + shift
         salt = f"kvdiag-history-{uuid.uuid4().hex[:12]}" if salted else None
-        result = await endpoint.chat([dict(m) for m in msgs[:end + 1]], max_tokens, cache_salt=salt)
-        msgs.insert(end + 1, {"role": "assistant", "content": result.text})
-        filled += 1
+        result = await endpoint.chat([dict(m) for m in msgs[:at + 1]], max_tokens, cache_salt=salt)
+        msgs.insert(at + 1, {"role": "assistant", "content": result.text})
+    return dataclasses.replace(conv, messages=tuple(msgs)), len(gaps)
 
 
 def described(filled: int, unfilled: int) -> str:
