@@ -124,6 +124,9 @@ class LLMEngine:
                                    long_prefill_token_threshold=config.long_prefill_token_threshold)
         self.runner = ModelRunner(self.model, config.device)
         self.seq_states: dict[int, SeqState] = {}  # the backend's per-sequence state, by seq_id
+        # watchers of every step from outside (kvdiag's sentinel): scheduled(out, zeroed)
+        # before the forward pass, finished(seq, cancelled) when a sequence leaves
+        self.observers: list = []
         log.info(PAGED_ATTENTION_LINE.format(block_size=config.block_size))
         if self.allocator.guarded:
             log.info(GUARD_LOG_LINE)
@@ -150,6 +153,8 @@ class LLMEngine:
         if not seq.is_finished:
             self.scheduler.abort(seq)
             self._forget(seq)
+            for o in self.observers:
+                o.finished(seq, cancelled=True)
 
     def attention(self, seq: Sequence) -> list[dict]:
         """The attention records the backend kept for seq, one per sampled token (only with
@@ -173,6 +178,8 @@ class LLMEngine:
             self.cache.prepare_new_blocks(new.new_block_ids, new.recycled,
                                           zero=self.allocator.zero_new_blocks,
                                           recycled_fill=self.config.recycled_block_fill)
+        for o in self.observers:
+            o.scheduled(out, zeroed=self.allocator.zero_new_blocks)
         if not out.scheduled:
             if self.scheduler.has_unfinished() and not out.preempted:
                 raise PoolTooSmallError("no request can be scheduled: the pool is too small")
@@ -197,6 +204,8 @@ class LLMEngine:
             if (reason := seq.stop_reason(self.max_model_len)) is not None:
                 self.scheduler.finish(seq, reason)
                 self._forget(seq)
+                for o in self.observers:
+                    o.finished(seq, cancelled=False)
                 finished.append(seq)
         return finished
 

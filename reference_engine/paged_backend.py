@@ -8,7 +8,8 @@ import numpy as np
 import torch
 
 from reference_engine.attention import decode_attention, prefill_attention
-from reference_engine.kv_cache import UNWRITTEN, PagedKVCache
+from reference_engine.kv_cache import PagedKVCache
+from reference_engine.provenance import UNWRITTEN
 from reference_engine.scheduler import ScheduledSeq
 from reference_engine.util import cdiv
 

@@ -8,7 +8,7 @@ import itertools
 from dataclasses import dataclass, field
 from enum import Enum
 
-from reference_engine.kv_cache import Fingerprints
+from reference_engine.provenance import Fingerprints
 
 
 class SequenceStatus(Enum):

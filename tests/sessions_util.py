@@ -29,10 +29,13 @@ def reference_turns(model_dir, schedule, vocab: int = 128, seed: int = 0):
                         max_tokens=lambda s, r: schedule.answer_lengths[s][r], stop_ids=())
 
 
-def paged_turns(model_dir, schedule, reference, allocator: str, on_step=None, **config):
+def paged_turns(model_dir, schedule, reference, allocator: str, on_step=None, on_engine=None,
+                **config):
     engine = LLMEngine(model_dir, EngineConfig(
         num_blocks=schedule.num_blocks, max_num_seqs=16, allocator=allocator,
         enable_prefix_caching=schedule.enable_prefix_caching, **config))
+    if on_engine is not None:  # before the first step (a watcher of every step)
+        on_engine(engine)
 
     def next_prompt(s, r, _turns):
         return reference[s][r].prompt_ids if r < schedule.num_rounds else None

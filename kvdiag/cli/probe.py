@@ -94,6 +94,12 @@ def probe(
                                                       help="The server's prefill chunk in tokens "
                                                       "(vLLM's --max-num-batched-tokens) where it does "
                                                       "not report it (SGLang does).")] = None,
+    sentinel: Annotated[str | None, typer.Option("--sentinel", show_default=False, help="The file a "
+                                                 "sentinel inside the server writes (kvdiag's "
+                                                 "plugin, docs/sentinel.md): every foreign or "
+                                                 "unwritten KV read it saw during the run fails it. "
+                                                 "On by default for vllm-local targets (in the run "
+                                                 "directory); 'off' turns it off.")] = None,
     sessions: SessionsOpt = None,
     sessions_format: SessionsFormatOpt = "auto",
     no_text: NoTextOpt = False,
@@ -131,4 +137,5 @@ def probe(
     out.finish(run(suite, case, style, base_url=base_url, target=target, model=model,
                    api_key=api_key, settings=settings, count_with=count_with, resume=resume,
                    out_dir=out_dir, info=out.info, warn=out.warn, progress=out.progress,
-                   sessions=sessions, sessions_format=sessions_format, no_text=no_text))
+                   sessions=sessions, sessions_format=sessions_format, no_text=no_text,
+                   sentinel=sentinel))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -55,6 +56,9 @@ def serve(
         "--lora-modules", show_default=False, help="An adapter name requests may give as their "
         "model, as in vLLM (repeatable). No adapter weights are loaded: the name enters the "
         "request's block hashes only.")] = None,
+    sentinel: Annotated[Path | None, typer.Option(
+        "--sentinel", show_default=False, help="Write the sentinel's file here: every KV read "
+        "checked against the writer of its slot, as inside vLLM (docs/sentinel.md).")] = None,
 ) -> None:
     """Serve the reference engine over an OpenAI-compatible API (FastAPI + uvicorn).
 
@@ -69,6 +73,19 @@ def serve(
     from reference_engine.config import EngineConfig
     from reference_engine.serve.app import serve as run_server
 
+    watch = None
+    if sentinel is not None:
+        from kvdiag.errors import KvdiagError
+        from kvdiag.sentinel.log import check_writable
+        from kvdiag.sentinel.reference import ReferenceSentinel
+
+        try:
+            check_writable(sentinel)  # before the model loads
+        except OSError as e:
+            raise KvdiagError(f"--sentinel {sentinel}: {e.strerror or e}") from None
+
+        def watch(engine):
+            return ReferenceSentinel(engine, sentinel)
     enable_engine_log()
     config = EngineConfig(allocator=allocator, num_blocks=num_blocks, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens,
@@ -77,4 +94,4 @@ def serve(
                           device=device, dtype=dtype, recycled_block_fill=recycled_block_fill)
     run_server(model, config, host=host, port=port, served_model_name=served_model_name,
                max_body_bytes=max_body_bytes, api_key=api_key, lora_modules=tuple(lora_modules or ()),
-               announce=Output().info)
+               announce=Output().info, watch=watch)

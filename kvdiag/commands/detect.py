@@ -146,11 +146,13 @@ def live_row(engine: EngineSpec, name: str, fault: Fault | None, suite: str, cas
 
 def _live_channels(s: ProbeSummary | IsolationSummary) -> str:
     """How a live run caught its fault, from what its judge counted: over-hit, answer, prompt
-    logprobs, ground truth (isolated requests hit the cache), the isolation audit."""
+    logprobs, ground truth (isolated requests hit the cache), the sentinel inside the server,
+    the isolation audit."""
     if isinstance(s, IsolationSummary):
         return "isolation" if s.verdict is Verdict.FAIL else "-"
     over = (s.key_coverage.get("oracle") or {}).get("over_hits", 0)
-    found = [("over-hit", over), ("answer", s.corrupted_requests),
+    found = [("sentinel", s.sentinel.bad if s.sentinel else 0),
+             ("over-hit", over), ("answer", s.corrupted_requests),
              ("logprobs", s.prompt_logprobs.get("mismatched", 0)),
              ("top-k", s.topk.get("departed", 0)),
              ("ground truth", s.ground_truth.get("contaminated", 0))]

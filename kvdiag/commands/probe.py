@@ -23,6 +23,31 @@ from kvdiag.runners.live.phases import ISOLATED, SHARED, ProbeSettings
 from kvdiag.runners.live.probe_run import ProbeRun
 from kvdiag.verdicts import Judgement, ProbeEvidence, Verdict, judge_probe
 
+SENTINEL_FILE = "sentinel.jsonl"
+
+
+def sentinel_path(spec, given: str | None) -> Path | bool | None:
+    """Where the run's sentinel writes: True for the run directory (a local engine with a
+    sentinel, by default), a checked path, or None for none. KvdiagError (exit 2): a file
+    kvdiag cannot write for a server it starts, or cannot read for one it does not."""
+    from kvdiag.errors import KvdiagError
+    from kvdiag.sentinel.log import check_writable
+
+    if given == "off":
+        return None
+    local = spec.is_local and spec.engine.sentinel
+    if given is None:
+        return True if local else None
+    if spec.is_local and not local:
+        raise KvdiagError(f"--sentinel: {spec.engine.label} has no sentinel yet (vLLM has)")
+    try:
+        if spec.is_local:
+            return check_writable(given)
+        open(given).close()  # a server somebody else runs writes it: it must be there
+        return Path(given)
+    except OSError as e:
+        raise KvdiagError(f"--sentinel {given}: {e.strerror or e}") from None
+
 
 def parse_events(spec: str | None) -> tuple[str, ...]:
     """--require's value: events of kvdiag.vocab.EVENTS, comma-separated, or `all`; an unknown
@@ -63,7 +88,8 @@ def evidence(run: ProbeRun) -> ProbeEvidence:
         answered=len(shared) + sum(p["margin"] is not None for p in pairs) + len(life),
         requires_recycling=not run.traffic.get("differential_only", False),
         topk=[(w, d) for w, d in run.topk.get("distances", [])], topk_floor=run.topk.get("floor", []),
-        events=run.lifecycle.get("events", []), required=tuple(run.traffic.get("require", ())))
+        events=run.lifecycle.get("events", []), required=tuple(run.traffic.get("require", ())),
+        sentinel=run.sentinel)
 
 
 def judge(run: ProbeRun) -> Judgement:
@@ -103,6 +129,7 @@ def summary_fields(run: ProbeRun, suite: Suite, verdict: Judgement, *, model_lab
         "key_coverage": _key_coverage(run, verdict), "target_spec": target_spec,
         "sessions_file": getattr(run.plan, "user", None),  # --sessions (kvdiag.userdata)
         "events": run.lifecycle.get("events", []), "lifecycle": _lifecycle(run, verdict),
+        "sentinel": run.sentinel,
         "topk": {"positions": run.topk.get("positions"), "compared": len(run.topk.get("distances", [])),
                  "floor": max(run.topk.get("floor", []), default=None),
                  "threshold": verdict.details.get("topk_threshold"),
@@ -134,10 +161,11 @@ def probe(suite: str, case: str | None = None, style: str | None = None, *,
           resume: Path | None = None, out_dir: Path | None = None,
           info: Callable[[str], None] = lambda _: None, warn: Callable[[str], None] = lambda _: None,
           progress=no_progress, sessions: Path | None = None, sessions_format: str | None = None,
-          no_text: bool = False) -> RunResult:
+          no_text: bool = False, sentinel: str | None = None) -> RunResult:
     """kvdiag probe, start to finish. `sessions`: a sessions file replayed instead of the
     suite's generated sessions; `no_text`: no prompt or answer text in the run's files
-    (kvdiag.userdata)."""
+    (kvdiag.userdata); `sentinel`: a sentinel's file, 'off', or None (on in the run
+    directory for a local engine that has one)."""
     from kvdiag.engines.local import running
     from kvdiag.record.rundir import RunDir, Timer
     from kvdiag.runners.live.probe_run import run_probe
@@ -149,9 +177,14 @@ def probe(suite: str, case: str | None = None, style: str | None = None, *,
     loaded, (chosen,) = load_cases(suite, case, style, one=True)
     loaded = userdata.with_sessions(loaded, sessions, sessions_format)  # before any server starts
     spec = endpoint_target(base_url, target, model)
+    watch = sentinel_path(spec, sentinel)  # bad input: exit 2 before any server starts
     run = RunDir.resume(resume) if resume is not None else RunDir.begin(out_dir, f"probe-{loaded.name}")
     adapter = getattr(settings, "adapter", None)
-    with (run, running(spec, loaded, chosen, model, run.path, info, adapter) as served,
+    if watch is True:
+        watch = run.path / SENTINEL_FILE
+    if watch is not None:
+        settings = dataclasses.replace(settings, sentinel=str(watch))
+    with (run, running(spec, loaded, chosen, model, run.path, info, adapter, watch) as served,
           progress(f"planning with {served.url}'s tokenizer") as update):
         if served.prefill_chunk and settings.prefill_chunk is None:
             settings = dataclasses.replace(settings, prefill_chunk=served.prefill_chunk)

@@ -56,6 +56,7 @@ class Options:
     live_url: str | None = None  # a local engine's server, once started (serving())
     model_label: str | None = None  # its model directory's digest
     attach: list[Path] = field(default_factory=list)  # files copied into the run (server log)
+    sentinel: Path | None = None  # the file a local engine's sentinel writes (kvdiag.sentinel)
     sessions: Path | None = None  # a sessions file replayed instead of the suite's (kvdiag.userdata)
     sessions_format: str | None = None
 
@@ -112,10 +113,11 @@ def serving(opts: Options, info: Callable[[str], None] = lambda _: None) -> Iter
     suite, (case,) = load_cases(opts.suite, opts.cases, one=True)
     suite = with_sessions(suite, opts.sessions, opts.sessions_format)
     logs = Path(tempfile.mkdtemp(prefix=f"kvdiag-{target.engine.name}-"))
-    with running(target, suite, case, opts.model, logs, info) as served:
+    watch = logs / "sentinel.jsonl" if target.engine.sentinel else None  # on by default
+    with running(target, suite, case, opts.model, logs, info, sentinel=watch) as served:
         yield dataclasses.replace(opts, live_url=served.url, model=served.model, cases=case.name,
-                                  model_label=served.model_label,
-                                  attach=[logs / target.engine.log_name])
+                                  model_label=served.model_label, sentinel=watch,
+                                  attach=[logs / target.engine.log_name, *([watch] if watch else [])])
 
 
 def prepare(opts: Options) -> Prepared:
@@ -175,7 +177,8 @@ def measure(p: Prepared, opts: Options, run_dir: Path, progress: Callable[..., N
     from kvdiag.runners.live.probe_run import run_probe
 
     measured = run_probe(p.target.url, opts.model, p.suite, p.cases[0], run_dir, api_key=opts.api_key,
-                         settings=ProbeSettings(concurrency=opts.concurrency),
+                         settings=ProbeSettings(concurrency=opts.concurrency,
+                                                sentinel=str(opts.sentinel) if opts.sentinel else None),
                          progress=lambda phase, done, total: progress(description=phase,
                                                                        completed=done, total=total))
     score_sessions(measured)  # a sessions file's free-text fact check (kvdiag.userdata)

@@ -62,8 +62,9 @@ class EngineServer:
 
     def __init__(self, model_dir: str | Path, *, fault: str | None, python: str | None,
                  log_path: str | Path | None, extra_args: tuple[str, ...], timeout: float,
-                 served_model: str | None) -> None:
+                 served_model: str | None, sentinel: str | Path | None = None) -> None:
         self.fault = fault
+        self.sentinel = None if sentinel is None else Path(sentinel).resolve()
         self.model_dir = Path(model_dir).resolve()
         if not (self.model_dir / "config.json").is_file():
             raise KvdiagError(f"{model_dir}: not a model directory (no config.json)")
@@ -91,11 +92,15 @@ class EngineServer:
         return self.base_environment()
 
     def base_environment(self) -> dict[str, str]:
-        """This process's environment without a fault of ours, offline, unbuffered; the fault
-        named when one is planted."""
-        env = {k: v for k, v in os.environ.items() if k != self.FAULT_ENV} | OFFLINE
+        """This process's environment without a fault or a sentinel of ours, offline,
+        unbuffered; the fault named when one is planted, the sentinel's file when it is on."""
+        from kvdiag.sentinel.log import ENV
+
+        env = {k: v for k, v in os.environ.items() if k not in (self.FAULT_ENV, ENV)} | OFFLINE
         if self.fault:
             env[self.FAULT_ENV] = self.fault
+        if self.sentinel is not None:
+            env[ENV] = str(self.sentinel)
         return env
 
     def _argv(self, port: int) -> list[str]:

@@ -59,6 +59,7 @@ class EngineSpec:
     counters: CacheCounters  # what the probe reads in /metrics as evidence of recycling
     abort_api: bool = False  # it aborts a request by the rid its client gave (POST /abort_request)
     no_audit: str | None = None  # why `kvdiag detect` has no model-free audit of it; None: it has
+    sentinel: bool = False  # its kvdiag plugin runs a sentinel (KVDIAG_SENTINEL, kvdiag.sentinel)
 
     @property
     def target_kind(self) -> str:
@@ -83,7 +84,7 @@ ENGINES = MappingProxyType({s.name: s for s in (
                CacheCounters("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
                              ("vllm:prefix_cache_evictions_total", "vllm:kv_cache_evictions_total"),
                              preemptions=("vllm:num_preemptions_total",),
-                             waiting=("vllm:num_requests_waiting",))),
+                             waiting=("vllm:num_requests_waiting",)), sentinel=True),
     EngineSpec("sglang", "SGLang", "kvdiag.engines.sglang.faults:FAULTS",
                "kvdiag.engines.sglang.faults:check_fault",
                "kvdiag.engines.sglang.launcher:SglangLocal", "sglang.log",

@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kvdiag.record.sentinel import SentinelBlock
 from kvdiag.record.summary_rows import CompareTarget, EventRow, Num, Opt, RegressBlock, RoundRow
 from kvdiag.verdicts import Verdict
 
@@ -120,8 +121,8 @@ class ProbeSummary(Summary):
              "corrupted_requests", "numerics_requests", "noise_floor", "isolation",
              "server_prefix_cache", "server", "recycling", "first_divergences",
              "inconclusive_reason", "ground_truth", "divergence_by_request", "traffic",
-             "prompt_logprobs", "key_coverage", "target_spec", "events", "lifecycle", "topk")
-    OMIT_NONE = frozenset({"first_divergences", "inconclusive_reason", "target_spec"})
+             "prompt_logprobs", "key_coverage", "target_spec", "events", "lifecycle", "topk", "sentinel")
+    OMIT_NONE = frozenset({"first_divergences", "inconclusive_reason", "target_spec", "sentinel"})
     kind: Literal["probe"] = "probe"
     cases: list[str]
     style: str
@@ -166,6 +167,8 @@ class ProbeSummary(Summary):
     sessions_file: dict[str, Any] | None = Field(None, description="--sessions: the file, kept, "
         "skipped (over the context), rounds, the fact check's pipeline (kvdiag.userdata)")
     text: Literal["kept", "withheld"] = Field("kept", description="withheld: --no-text")
+    sentinel: SentinelBlock | None = Field(None, description="what a sentinel inside the server "
+                                           "checked, and every bad read it saw (kvdiag.sentinel)")
 
 
 class AuditSummary(Summary):

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvdiag.verdicts.core import Judgement, Verdict
+from kvdiag.verdicts.sentinel import sentinel_blind, sentinel_covered, sentinel_finding
 
 # How each live server's flag that makes it report cached tokens reads, for the messages.
 CACHED_TOKEN_FLAGS = ("vLLM: --enable-prompt-tokens-details; SGLang: --enable-cache-report; "
@@ -82,6 +83,7 @@ class ProbeEvidence:
     topk_floor: list[float] = field(default_factory=list)  # shifts between isolated repeats
     events: list[dict] = field(default_factory=list)  # the coverage table's rows
     required: tuple[str, ...] = ()  # events the run must reach
+    sentinel: object = None  # kvdiag.record.sentinel.SentinelBlock, where one watched inside
 
 
 def _where(labels: list[str]) -> str:
@@ -156,6 +158,8 @@ def judge_probe(e: ProbeEvidence) -> Judgement:
         findings.append(f"{_possessive(len(shifted), 'request')} first-token distributions moved from "
                         f"the cache-isolated run's by more than {limit:.2f} nats (the noise floor's "
                         f"bound; worst {worst:.2f}, {what})")
+    if (inside := sentinel_finding(e.sentinel)) is not None:
+        findings.insert(0, inside)
     if findings:
         return Judgement(Verdict.FAIL, "; ".join(findings) + tail, details)
     if e.contaminated:
@@ -176,6 +180,8 @@ def judge_probe(e: ProbeEvidence) -> Judgement:
     if e.requires_recycling and not e.recycling["observed"]:
         return Judgement(Verdict.INCONCLUSIVE, f"trigger not reached: no recycling observed "
                          f"({e.recycling['how']}; server pool {e.pool})", details)
+    if (blind := sentinel_blind(e.sentinel)) is not None:
+        return Judgement(Verdict.INCONCLUSIVE, blind, details)
     missing = [r for r in e.events if r["event"] in e.required and not r["reached"]]
     unknown = sorted(set(e.required) - {r["event"] for r in e.events})
     if missing or unknown:
@@ -188,7 +194,7 @@ def judge_probe(e: ProbeEvidence) -> Judgement:
     return Judgement(Verdict.PASS, f"{e.answered} requests answered from the shared prefix cache matched "
                      f"their cache-isolated runs (or departed within {e.numerics_margin:g} nats), with "
                      f"{recycled}; ground truth: {e.isolated} isolated requests reported 0 cached "
-                     f"tokens; {oracle}{_covered(e)}", details)
+                     f"tokens; {oracle}{_covered(e)}{sentinel_covered(e.sentinel)}", details)
 
 
 def _covered(e: ProbeEvidence) -> str:

@@ -97,13 +97,18 @@ def create_app(engine: LLMEngine, model_name: str, *, max_body_bytes: int | None
 def serve(model: str | Path, config: EngineConfig, *, host: str = "127.0.0.1", port: int = 8000,
           served_model_name: str | None = None, max_body_bytes: int | None = None,
           api_key: str | None = None, lora_modules: tuple[str, ...] = (),
-          announce: Callable[[str], None] = print) -> None:
+          announce: Callable[[str], None] = print,
+          watch: Callable[[LLMEngine], object] | None = None) -> None:
     """Load `model` into an engine and serve it with uvicorn until interrupted, as
-    `served_model_name` (default: the directory's name); `announce` is told where."""
+    `served_model_name` (default: the directory's name); `announce` is told where; `watch`
+    is handed the engine before it serves (kvdiag's sentinel attaches itself)."""
     import uvicorn
 
     name = served_model_name or Path(model).name
-    app = create_app(LLMEngine(Path(model), config), name, max_body_bytes=max_body_bytes,
+    engine = LLMEngine(Path(model), config)
+    if watch is not None:
+        watch(engine)
+    app = create_app(engine, name, max_body_bytes=max_body_bytes,
                      api_key=api_key or None, lora_modules=tuple(lora_modules))
     auth = ", API key required" if api_key else ""  # never the key itself
     announce(f"serving {name} ({config.allocator}) on http://{host}:{port}{auth}")

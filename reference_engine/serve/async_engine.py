@@ -39,6 +39,7 @@ class _Submission:
     aborted: bool = False  # set on the event loop; the engine thread drops the request
     lora_name: str | None = None  # the adapter the request names (a hash key only)
     ignore_eos: bool = False  # no stop token ends it: it decodes all max_tokens
+    request_id: str | None = None  # the response's id, given to the engine's Sequence as its tag
 
 
 def trim_heap() -> None:
@@ -108,12 +109,13 @@ class AsyncEngine:
 
     def submit(self, prompt_ids: list[int], max_tokens: int, cache_salt: str | None,
                logprobs: int | None, lora_name: str | None = None,
-               ignore_eos: bool = False) -> RequestStream:
+               ignore_eos: bool = False, request_id: str | None = None) -> RequestStream:
         """Validate now (raises on bad input, before any response starts), queue the request,
         and return its RequestStream. Call on the event loop."""
         self.engine.validate(prompt_ids, max_tokens, cache_salt)
         sub = _Submission(prompt_ids, max_tokens, cache_salt, logprobs, asyncio.get_running_loop(),
-                          asyncio.Queue(), lora_name=lora_name, ignore_eos=ignore_eos)
+                          asyncio.Queue(), lora_name=lora_name, ignore_eos=ignore_eos,
+                          request_id=request_id)
         self._inbox.put(sub)
         self._wake.set()
         return RequestStream(self, sub)
@@ -159,7 +161,7 @@ class AsyncEngine:
                 with self.lock:
                     sub.seq = self.engine.add_request(sub.prompt_ids, sub.max_tokens,
                                                       cache_salt=sub.cache_salt,
-                                                      lora_name=sub.lora_name,
+                                                      lora_name=sub.lora_name, tag=sub.request_id,
                                                       stop_ids=() if sub.ignore_eos else None)
             except Exception as e:
                 sub.loop.call_soon_threadsafe(sub.events.put_nowait, e)

@@ -83,6 +83,11 @@ class UnknownModel(Exception):
                               param="model")
 
 
+def request_id(request: Request) -> str:
+    """The client's X-Request-Id where it sent one (as vLLM takes it), else a fresh one."""
+    return request.headers.get("x-request-id") or uuid.uuid4().hex
+
+
 def served(request: Request) -> Served:
     return request.app.state.served
 
@@ -159,9 +164,9 @@ async def completions(request: Request):
     s, req = await accept(request, CompletionRequest)
     ids = (list(req.prompt) if isinstance(req.prompt, list)
            else await off_loop(encode_text, s.tok, req.prompt, s.engine.max_model_len))
+    rid = f"cmpl-{request_id(request)}"
     stream = s.core.submit(ids, req.max_tokens or 16, req.cache_salt, req.logprobs, s.adapter(req.model),
-                           req.ignore_eos)
-    rid = f"cmpl-{uuid.uuid4().hex}"
+                           req.ignore_eos, rid)
     if req.stream:
         return sse(completion_chunks(rid, s.model_name, stream, s.tok, req.logprobs), stream)
     return await unless_disconnected(
@@ -175,8 +180,9 @@ async def chat(request: Request):
                          req.add_generation_prompt, s.engine.max_model_len)
     top = (req.top_logprobs or 0) if req.logprobs else None
     limit = req.max_completion_tokens or req.max_tokens or s.engine.max_model_len - len(ids)
-    stream = s.core.submit(ids, max(1, limit), req.cache_salt, top, s.adapter(req.model), req.ignore_eos)
-    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    rid = f"chatcmpl-{request_id(request)}"
+    stream = s.core.submit(ids, max(1, limit), req.cache_salt, top, s.adapter(req.model),
+                           req.ignore_eos, rid)
     if req.stream:
         return sse(chat_chunks(rid, s.model_name, stream, s.tok, top), stream)
     return await unless_disconnected(

@@ -284,3 +284,35 @@ def test_the_detection_matrix():
     assert judge_matrix([]).verdict is Verdict.ERROR
     # a fault expected to break the ground truth (error) that is caught outright counts as caught
     assert judge_matrix(rows + [("reset/live", Verdict.FAIL, Verdict.ERROR)]).verdict is Verdict.PASS
+
+
+def _sentinel(**kw):
+    from kvdiag.record.sentinel import SentinelBlock, SentinelFinding
+
+    base = dict(source="sentinel.jsonl", starts=1, steps=40, requests=12, reads=9000, writes=800,
+                unchecked=0, foreign=0, unwritten=0, overwrite=0)
+    findings = kw.pop("findings", [])
+    return SentinelBlock(**(base | kw), findings=[SentinelFinding(**f) for f in findings],
+                         findings_total=len(findings))
+
+
+def test_a_sentinel_finding_fails_a_probe_whose_answers_all_matched():
+    bad = dict(kind="foreign", step=17, request="cmpl-kvdiag-0123456789abcdef-1", count=32,
+               where="lifecycle session 3 round 0", positions=[[64, 96]], context_len=130,
+               writers=["cmpl-x"], writers_where=["shared session 1 round 2"],
+               context=["resumed after preemption"], writer_context=["finished"])
+    judged = judge_probe(evidence(sentinel=_sentinel(foreign=32, findings=[bad])))
+    assert judged.verdict is Verdict.FAIL
+    for part in ("32 foreign", "lifecycle session 3 round 0", "64-95", "shared session 1 round 2",
+                 "finished", "step 17", "resumed after preemption"):
+        assert part in judged.reason
+
+
+def test_a_sentinel_that_checked_nothing_is_no_evidence_and_a_pass_names_what_it_checked():
+    blind = judge_probe(evidence(sentinel=_sentinel(steps=0, requests=0, reads=0, writes=0)))
+    assert blind.verdict is Verdict.INCONCLUSIVE and "checked no KV read" in blind.reason
+    passed = judge_probe(evidence(sentinel=_sentinel()))
+    assert passed.verdict is Verdict.PASS
+    assert "40 steps, 12 requests, 9000 KV slot reads checked" in passed.reason
+    assert "trusts the workers" in passed.reason
+    assert "sentinel" not in judge_probe(evidence()).reason  # none watched: none claimed

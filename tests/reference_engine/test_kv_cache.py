@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference_engine.kv_cache import UNWRITTEN, Fingerprints
+from reference_engine.provenance import UNWRITTEN, Fingerprints
 
 TOKENS = st.lists(st.integers(0, 2**17), min_size=1, max_size=300)
 NAMESPACE = st.integers(0, 2**64 - 1)

@@ -48,6 +48,7 @@ class VllmLocal(EngineServer):
     what the KV space gives. max_model_len: None for 9216, or the model's context if smaller.
     device: "cpu", "cuda" or None (ask the env's torch).
     log_path: where the server's log goes (default: a file in a new temp folder, kept).
+    sentinel: the file kvdiag's sentinel writes (kvdiag.engines.vllm.sentinel), or None for none.
     Raises KvdiagError (exit 2): no vLLM env, an unknown fault, or a server that died or did
     not become healthy within `timeout` seconds (the message ends with the log's last
     exception, or its tail).
@@ -63,7 +64,7 @@ class VllmLocal(EngineServer):
                  device: str | None = None, kv_space_gb: int = 2, max_num_seqs: int = 16,
                  prefill_chunk: int | None = PREFILL_CHUNK // 4,
                  timeout: float = 900.0, served_model: str | None = None,
-                 adapters: dict[str, Path] | None = None) -> None:
+                 adapters: dict[str, Path] | None = None, sentinel: str | Path | None = None) -> None:
         fault = check_fault(fault)
         self.adapters = {name: Path(d) for name, d in (adapters or {}).items()}
         for name, d in self.adapters.items():
@@ -71,7 +72,8 @@ class VllmLocal(EngineServer):
                 raise KvdiagError(f"adapter {name}: {d} is not a LoRA adapter directory "
                                   "(no adapter_config.json)")
         super().__init__(model_dir, fault=fault, python=python, log_path=log_path,
-                         extra_args=extra_args, timeout=timeout, served_model=served_model)
+                         extra_args=extra_args, timeout=timeout, served_model=served_model,
+                         sentinel=sentinel)
         self.block_size, self.num_blocks = block_size, num_blocks
         self.max_model_len = max_model_len or _default_max_len(self.model_dir)
         self.device = device or ("cuda" if torch_sees_cuda(self.python) else "cpu")

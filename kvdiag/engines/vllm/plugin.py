@@ -1,6 +1,7 @@
 """kvdiag's vLLM general plugin (entry point group `vllm.general_plugins`): plants the fault
-that $KVDIAG_VLLM_FAULT names (plants/), as a positive control for kvdiag's probe; inert
-without it.
+that $KVDIAG_VLLM_FAULT names (plants/), as a positive control for kvdiag's probe, and turns
+the sentinel on (kvdiag.engines.vllm.sentinel) when $KVDIAG_SENTINEL names its file; inert without
+either.
 
 vLLM calls `register()` in every process it starts (API server, engine core, workers), so
 every process logs one line naming the planted fault: no one mistakes a planted server for
@@ -18,9 +19,27 @@ from kvdiag.engines.vllm.faults import FAULT_ENV
 
 log = logging.getLogger("kvdiag.vllm_plugin")
 _planted: set[str] = set()
+_watching: list[str] = []
+
+
+def _sentinel() -> None:
+    """The sentinel, once per process, when asked for. A vLLM it cannot read raises, and
+    vLLM does not start: never a silent sentinel."""
+    from kvdiag.sentinel.log import ENV
+
+    path = os.environ.get(ENV, "").strip()
+    if not path or _watching:
+        return
+    from kvdiag.engines.vllm.sentinel import install
+
+    install(path)
+    _watching.append(path)
+    log.warning("kvdiag: SENTINEL on in this vLLM (pid %d): every KV read checked, findings "
+                "in %s", os.getpid(), path)
 
 
 def register() -> None:
+    _sentinel()
     name = os.environ.get(FAULT_ENV, "").strip()
     if not name or name in _planted:
         return

@@ -152,10 +152,11 @@ def prompt_logprob_mismatches(store: RoundStore, numerics_margin: float) -> dict
 
 
 def records(plan: CasePlan, store: RoundStore, target: str, numerics_margin: float, style: str,
-            block_size: int, pressure: list[int] = ()) -> list[Record]:
+            block_size: int, pressure: list[int] = (), bad_reads: dict | None = None) -> list[Record]:
     """Per round: the isolated row and the shared row of every suite session, and a shared
     row for every pressure session (judged against the isolated twin of the session it
-    replays)."""
+    replays). `bad_reads`: a sentinel's foreign and unwritten slots per (phase, session,
+    round), the reference engine's columns."""
     checker = Checker(style)
     out = []
     runs = [(session.session_id, SHARED, k, k, True) for k, session in enumerate(plan.sessions)]
@@ -177,6 +178,7 @@ def records(plan: CasePlan, store: RoundStore, target: str, numerics_margin: flo
                 out.append(Record(
                     case=plan.case.name, target=target, allocator=phase,
                     session=sid, round=r + 1, kind=rnd.kind,
+                    **(bad_reads or {}).get((shared_phase, j, r), {}) if phase == SHARED else {},
                     prompt_tokens=row["prompt_tokens"], cached_tokens=cached or 0,
                     blocks_needed=needed, blocks_hit=min(needed, (cached or 0) // block_size),
                     output_text=text, reference_text=iso["text"].strip(), expected_text=rnd.expected,

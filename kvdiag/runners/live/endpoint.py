@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from dataclasses import dataclass, field, replace
 
 import httpx
@@ -13,6 +14,8 @@ import httpx
 from kvdiag.errors import EndpointError, KvdiagError
 from kvdiag.runners.live import retry
 from kvdiag.runners.live.identity import ServerIdentity
+
+REQUEST_ID = "kvdiag_request_id"  # where _generate leaves the id it sent
 
 
 @dataclass
@@ -29,6 +32,7 @@ class ChatResult:
     completion_tokens: int = 0
     sent: float = 0.0  # wall-clock times the request went out and its answer came back (the
     done: float = 0.0  # over-hit oracle orders requests by them, across a resumed run too)
+    request_id: str = ""  # the X-Request-Id it was sent with (a sentinel's findings name it)
 
 
 class Endpoint(ServerIdentity):
@@ -115,13 +119,16 @@ class Endpoint(ServerIdentity):
         return r.json()["tokens"]
 
     async def _generate(self, path: str, what: str, cache_salt: str | None, body: dict) -> dict:
-        """POST a generation request (with `cache_salt` when given); its JSON, or EndpointError."""
+        """POST a generation request (with `cache_salt` when given) under an X-Request-Id of
+        its own, which engines put in their request id (a sentinel's findings name it); its
+        JSON, with that id under REQUEST_ID, or EndpointError."""
         if cache_salt is not None:
             body["cache_salt"] = cache_salt
-        r = await self._async("POST", path, json=body)
+        rid = f"kvdiag-{uuid.uuid4().hex[:16]}"
+        r = await self._async("POST", path, json=body, headers={"X-Request-Id": rid})
         if r.status_code != 200:
             raise EndpointError(f"{what} answered HTTP {r.status_code}: {r.text[:300]}")
-        return r.json()
+        return r.json() | {REQUEST_ID: rid}
 
     async def chat(self, messages: list[dict], max_tokens: int, *, cache_salt: str | None = None,
                    top_logprobs: int = 5, model: str | None = None) -> ChatResult:
@@ -244,11 +251,12 @@ class Endpoint(ServerIdentity):
 
 def _usage(data: dict) -> dict:
     """ChatResult's fields from a response's usage: prompt and completion tokens, and the
-    cached tokens (None when the server reports no count)."""
+    cached tokens (None when the server reports no count); and the id it was sent under."""
     usage = data.get("usage") or {}
     return {"prompt_tokens": int(usage.get("prompt_tokens") or 0),
             "completion_tokens": int(usage.get("completion_tokens") or 0),
-            "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens")}
+            "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
+            "request_id": data.get(REQUEST_ID, "")}
 
 
 def _timed(result: ChatResult, sent: float) -> ChatResult:

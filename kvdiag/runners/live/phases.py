@@ -60,6 +60,7 @@ class ProbeSettings:
     lifecycle: bool = True  # drive every event of a block's life (lifecycle.py)
     prefill_chunk: int | None = None  # the server's prefill chunk where it does not report it
     require: tuple[str, ...] = ()  # events a run must reach, or be inconclusive
+    sentinel: str | None = None  # the file a sentinel inside the server writes (kvdiag.sentinel)
 
 
 async def shared_phase(endpoint: Endpoint, plan: CasePlan, store: RoundStore, s: ProbeSettings,

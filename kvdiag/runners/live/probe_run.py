@@ -22,6 +22,7 @@ from kvdiag.runners.live import differential as D
 from kvdiag.runners.live import lifecycle as L
 from kvdiag.runners.live import lifeplan as LP
 from kvdiag.runners.live import phases as P
+from kvdiag.runners.live import sentinel as S
 from kvdiag.runners.live.connect import connect, counters_since, isolation
 from kvdiag.runners.live.coverage import differential_records, key_coverage
 from kvdiag.runners.live.endpoint import Endpoint
@@ -58,6 +59,7 @@ class ProbeRun:
     # its twin, and how the phase was sized; and the second channel (compare.topk_channel)
     lifecycle: dict = field(default_factory=dict)
     topk: dict = field(default_factory=dict)
+    sentinel: object = None  # kvdiag.record.sentinel.SentinelBlock, where a sentinel watched
 
     @property
     def shared(self):
@@ -108,13 +110,21 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
     before = counters_since(meta, endpoint.metrics(), who["counters"].queries)
     kept = meta is not None and before is meta.get("metrics_before")
     meta = (meta if kept else fresh | {"metrics_after_shared": None}) | {"metrics_before": before}
+    if settings.sentinel and "sentinel_since" not in meta:  # kept by a resumed run
+        meta["sentinel_since"] = S.begin(settings.sentinel)
     meta_path.write_text(json.dumps(meta, indent=2))
     try:
         after = asyncio.run(_phases(endpoint, plan, store, settings, salted, pressure, meta,
                                     meta_path, progress, life))
     finally:
         store.close()
-    run = _facts(base_url, who, plan, store, server, salted, pressure, before, after, settings)
+    sentinel, bad_reads = (S.observe(settings.sentinel, meta["sentinel_since"], store)
+                           if settings.sentinel else (None, {}))
+    run = _facts(base_url, who, plan, store, server, salted, pressure, before, after, settings,
+                 bad_reads)
+    if sentinel is not None and Path(sentinel.source).parent == run_dir:
+        sentinel.source = Path(sentinel.source).name  # in the run directory, whatever it is called
+    run.sentinel = sentinel
     run.traffic = {"spread": settings.spread, "twins": settings.twins, "adapter": settings.adapter,
                    "prompt_logprobs": settings.prompt_logprobs,
                    "twin_requests": sum(phase == P.TWIN for phase, _, _ in store.done),
@@ -246,12 +256,13 @@ def _material(plan) -> list[int]:
 
 
 def _facts(base_url, who, plan, store, server, salted, pressure, before, after,
-           settings) -> ProbeRun:
+           settings, bad_reads) -> ProbeRun:
     import pandas as pd
 
     rows = (differential_records(store, base_url, settings.numerics_margin, server.block_size)
             if settings.differential_only else
-            C.records(plan, store, base_url, settings.numerics_margin, plan.style, server.block_size, pressure))
+            C.records(plan, store, base_url, settings.numerics_margin, plan.style, server.block_size, pressure,
+                      bad_reads))
     frame = pd.DataFrame([r.as_dict() for r in rows], columns=Record.columns())
     shared = {(phase, k, r): row for (phase, k, r), row in store.done.items()
               if phase in (P.SHARED, P.PRESSURE)}

@@ -32,7 +32,7 @@ class RoundStore:
                "logprobs": result.logprobs, "prompt_tokens": result.prompt_tokens,
                "cached_tokens": result.cached_tokens, "finish_reason": result.finish_reason,
                "seconds": round(result.seconds, 4), "completion_tokens": result.completion_tokens,
-               "sent": result.sent, "done": result.done, **extra}
+               "sent": result.sent, "done": result.done, "request_id": result.request_id, **extra}
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
         os.fsync(self._file.fileno())

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reference_engine.kv_cache import UNWRITTEN, Fingerprints
+from reference_engine.provenance import UNWRITTEN, Fingerprints
 
 
 def namespace(lora: str | None, epoch: int = 0) -> int:

@@ -71,7 +71,7 @@ class VllmReplay:
     # --- requests ----------------------------------------------------------------------
     def add_request(self, prompt_ids, max_tokens, tag=None, session=None, **_):
         from kvdiag.runners.replay.shadow import namespace, tenant_of
-        from reference_engine.kv_cache import Fingerprints
+        from reference_engine.provenance import Fingerprints
         from reference_engine.sequence import RequestStats
 
         req = self.index[(tag.session, tag.round)]

@@ -57,6 +57,13 @@ def test_bad_options_fail_before_any_work(args):
 @pytest.mark.parametrize("args,named", [
     (["probe", "--base-url", "ftp://nosuch", "--model", "canary", "--suite", "smoke"], "not ftp"),
     (["isolation", "--base-url", "ftp://nosuch", "--model", "canary"], "not ftp"),
+    (["probe", "--target", "vllm-local", "--suite", "smoke", "--sentinel", "/proc/nosuch/s.jsonl"],
+     "--sentinel /proc/nosuch/s.jsonl"),  # a file a server kvdiag starts could not write
+    (["probe", "--target", "sglang-local", "--suite", "smoke", "--sentinel", "{tmp}/s.jsonl"],
+     "SGLang has no sentinel yet"),
+    (["probe", "--base-url", "http://127.0.0.1:9", "--model", "c", "--suite", "smoke",
+      "--sentinel", "{tmp}/none.jsonl"], "No such file"),  # somebody else's server writes none
+    (["serve", "--sentinel", "/proc/nosuch/s.jsonl"], "--sentinel /proc/nosuch/s.jsonl"),
     (["probe", "--base-url", "http://127.0.0.1:9", "--model", "c", "--suite", "{bad}"],
      ".block_size: Input should be greater than 0 (got -4)"),
     (["probe", "--base-url", "http://127.0.0.1:9", "--model", "c", "--suite", "{bad_rate}"],
@@ -67,7 +74,8 @@ def test_bad_input_is_refused_at_the_door(tmp_path, args, named):
     scheme named, before any connection is tried (under 1 s, the imports warmed first)."""
     (tmp_path / "bad.yaml").write_text("name: bad\nblock_size: -4\ncases:\n  - name: trigger\n")
     (tmp_path / "rate.yaml").write_text("name: bad\ncases:\n  - name: trigger\n    ask_new: 1.5\n")
-    args = [a.format(bad=tmp_path / "bad.yaml", bad_rate=tmp_path / "rate.yaml") for a in args]
+    args = [a.format(bad=tmp_path / "bad.yaml", bad_rate=tmp_path / "rate.yaml", tmp=tmp_path)
+            for a in args]
     CliRunner().invoke(app, args)
     start = time.monotonic()
     result = CliRunner().invoke(app, args)

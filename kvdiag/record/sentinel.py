@@ -1,0 +1,56 @@
+"""summary.json's `sentinel` block, typed: what a sentinel inside the engine checked during a
+run, and every bad read it saw, named by the client's request where the run sent it."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+# what the sentinel cannot see, said wherever it passes (docs/sentinel.md)
+TRUSTS = ("it trusts the workers to write where the scheduler told them: a kernel that writes "
+          "elsewhere is the black-box probe's to catch")
+
+
+class SentinelFinding(BaseModel):
+    kind: str = Field(description="foreign (another prefix's K/V), unwritten (nobody's), or "
+                      "overwrite (a write into a block another live request had computed)")
+    step: int
+    request: str = Field(description="the engine's request id")
+    where: str | None = Field(None, description="the run's request it is: phase, session, round")
+    positions: list[list[int]] = Field(description="[start, end) ranges read wrong (the first 8)")
+    count: int
+    context_len: int
+    writers: list[str] = Field(default_factory=list)
+    writers_where: list[str | None] = Field(default_factory=list)
+    context: list[str] = Field(default_factory=list, description="the reader's event")
+    writer_context: list[str] = Field(default_factory=list, description="the writers' fate")
+
+
+class SentinelRound(BaseModel):
+    round: int
+    requests: int = Field(description="shared requests of the round that read a slot wrong")
+    bad_reads: int = Field(description="positions read foreign or unwritten")
+    share: float = Field(description="the largest share of one request's context read wrong")
+
+
+class SentinelBlock(BaseModel):
+    source: str
+    engine: str | None = None
+    version: str | None = None
+    starts: int = Field(description="server starts the file covers during the run")
+    steps: int
+    requests: int
+    reads: int = Field(description="slot reads checked")
+    writes: int
+    unchecked: int = Field(description="request-steps it could not check (a hybrid model's "
+                           "other cache groups, token ids it did not have)")
+    foreign: int
+    unwritten: int
+    overwrite: int
+    findings: list[SentinelFinding] = Field(default_factory=list, description="the first 20")
+    findings_total: int = 0
+    rounds: list[SentinelRound] = Field(default_factory=list)
+    trusts: str = TRUSTS
+
+    @property
+    def bad(self) -> int:
+        return self.foreign + self.unwritten + self.overwrite

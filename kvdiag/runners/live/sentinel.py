@@ -1,0 +1,82 @@
+"""What a sentinel inside the server (kvdiag.sentinel) saw while a probe ran: its file read
+from where the run began, every finding named by the probe's own request (the X-Request-Id
+each request went out under is in the engine's request id), and the bad reads of each shared
+request put into the round table's foreign_slots and unwritten_slots, the reference engine's
+columns. Raw counts only: the judge decides."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+from kvdiag.errors import KvdiagError
+from kvdiag.record.sentinel import SentinelBlock, SentinelFinding, SentinelRound
+from kvdiag.runners.live import phases as P
+from kvdiag.sentinel.log import read_report, size_of
+
+TAG = re.compile(r"kvdiag-[0-9a-f]{16}")
+FLUSH = 0.8  # seconds: longer than the sentinel's counters interval (kvdiag.sentinel.log)
+SHOWN = 20  # findings kept in summary.json (all of them stay in the sentinel's file)
+
+
+def begin(source: str | Path) -> int:
+    """Where this run starts reading the sentinel's file."""
+    return size_of(source)
+
+
+def _names(store) -> dict[str, tuple[str, int, int]]:
+    return {row["request_id"]: key for key, row in store.done.items() if row.get("request_id")}
+
+
+def _where(rid: str, names: dict) -> tuple[str, int, int] | None:
+    m = TAG.search(rid)
+    return names.get(m.group(0)) if m else None
+
+
+def _label(key) -> str | None:
+    if key is None:
+        return None
+    phase, session, rnd = key
+    return f"{phase} session {session} round {rnd}"
+
+
+def observe(source: str | Path, since: int, store) -> tuple[SentinelBlock, dict]:
+    """The sentinel's block for this run, and the bad reads of each of the run's requests:
+    (phase, session, round) -> {"foreign_slots", "unwritten_slots"}. KvdiagError when its
+    file is not there (a server started without the sentinel writes none)."""
+    time.sleep(FLUSH)  # the server's last counters, written once its work stopped
+    try:
+        report = read_report(source, since)
+    except FileNotFoundError:
+        raise KvdiagError(f"--sentinel {source}: no sentinel file (was the server started with "
+                          "kvdiag's plugin and KVDIAG_SENTINEL? docs/sentinel.md)") from None
+    names = _names(store)
+    findings, per_round, per_request = [], {}, {}
+    for row in report.findings:
+        key = _where(row["request"], names)
+        writers = row.get("writers", [])
+        findings.append(SentinelFinding(
+            **{k: row[k] for k in ("kind", "step", "request", "positions", "count", "context_len")},
+            where=_label(key), writers=writers,
+            writers_where=[_label(_where(w, names)) for w in writers],
+            context=row.get("context", []), writer_context=row.get("writer_context", [])))
+        if key is None or row["kind"] == "overwrite":
+            continue
+        counts = per_request.setdefault(key, {"foreign_slots": 0, "unwritten_slots": 0})
+        counts[f"{row['kind']}_slots"] += row["count"]
+        if key[0] in (P.SHARED, P.PRESSURE):
+            r = per_round.setdefault(key[2] + 1, {"requests": set(), "bad": 0, "share": 0.0})
+            r["requests"].add(key[:2])
+            r["bad"] += row["count"]
+            r["share"] = max(r["share"], row["count"] / max(1, row["context_len"]))
+    head = report.starts[0] if report.starts else {}
+    c = report.counters
+    block = SentinelBlock(
+        source=str(source), engine=head.get("engine"), version=head.get("version"),
+        starts=len(report.starts), steps=c.steps, requests=c.requests, reads=c.reads,
+        writes=c.writes, unchecked=c.unchecked, foreign=c.foreign, unwritten=c.unwritten,
+        overwrite=c.overwrite, findings=findings[:SHOWN], findings_total=len(findings),
+        rounds=[SentinelRound(round=r, requests=len(v["requests"]), bad_reads=v["bad"],
+                              share=round(v["share"], 4)) for r, v in sorted(per_round.items())])
+    return block, per_request

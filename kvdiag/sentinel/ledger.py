@@ -1,0 +1,301 @@
+"""The sentinel's ledger: which prefix wrote every KV slot of a live engine, checked on every
+read. Engine-agnostic; an adapter (engines/vllm/sentinel.py, reference.py) turns one step into
+`Scheduled` items, each what the workers are told about one request (its block table, the
+positions already computed, those this step computes) plus the request's own token ids.
+
+The ledger then does what a forward pass does, writes first, then reads:
+
+    write  the slots of positions [computed, computed + new) take the fingerprint of the
+           request's prefix at each position (reference_engine.provenance). A write into a
+           block another live request maps, over a position that request has computed with
+           another prefix, is an `overwrite` finding.
+    read   the slots of positions [0, computed + new) are compared with the request's own
+           fingerprints: another prefix's is `foreign`; a slot no forward pass wrote since
+           the server started is `unwritten`.
+
+    table [7, 2]  block_size 4   computed 5, new 1 (a decode step)
+    positions  0 1 2 3 | 4 5       slot(i) = table[i // 4] * 4 + i % 4
+    slots     28 .. 31 | 8 9       write slot 9 (position 5), then read slots 28..31, 8, 9
+
+It never reads the engine's block hashes, its pool or its free lists: those are the code
+under test. What it trusts: that the workers write where the scheduler told them to.
+
+A position is reported once per request (the first step it read it wrong); counters say how
+much was checked, so a sentinel that saw nothing is told apart from one that found nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from reference_engine.provenance import UNWRITTEN, Fingerprints
+
+MAX_RANGES = 8  # position ranges written per finding (the count covers all of them)
+
+
+def namespace_of(*parts: object) -> int:
+    """A fingerprint namespace for what keys K/V besides the tokens (a cache_salt, an
+    adapter): equal tokens under another namespace are another prefix. None parts are
+    dropped; no parts at all is namespace 0."""
+    given = [str(p) for p in parts if p is not None and p != ""]
+    if not given:
+        return 0
+    digest = hashlib.blake2b("\x1f".join(given).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") or 1
+
+
+@dataclass(frozen=True)
+class Scheduled:
+    """One request's share of one step, as the engine's workers are told it.
+    tokens: the request's token ids, at least `computed + new` of them (prompt, then output)."""
+
+    rid: str
+    table: Sequence[int]
+    computed: int
+    new: int
+    tokens: Sequence[int]
+    namespace: int = 0
+    context: tuple[str, ...] = ()  # the event it is in: "resumed after preemption", "chunk 2" ...
+
+
+@dataclass
+class Finding:
+    kind: str  # foreign | unwritten | overwrite
+    step: int
+    request: str
+    positions: list[tuple[int, int]]  # [start, end) ranges, the first MAX_RANGES
+    count: int
+    context_len: int  # the request's context at that step (count / context_len: the share)
+    writers: list[str] = field(default_factory=list)  # whose prefix the slots held (foreign)
+    context: list[str] = field(default_factory=list)  # the reader's event
+    writer_context: list[str] = field(default_factory=list)  # the writers' fate
+
+    def as_dict(self) -> dict:
+        return {"type": "finding", **self.__dict__,
+                "positions": [list(r) for r in self.positions]}
+
+
+@dataclass
+class Counters:
+    steps: int = 0
+    requests: int = 0  # distinct requests checked
+    reads: int = 0  # slot reads checked (each request's context, every step it ran)
+    writes: int = 0
+    unchecked: int = 0  # request-steps skipped: fewer token ids known than positions computed
+    foreign: int = 0  # positions reported, by kind
+    unwritten: int = 0
+    overwrite: int = 0
+    seconds: float = 0.0  # spent checking, in the engine's own process (the sentinel's cost)
+
+
+class _Request:
+    __slots__ = ("number", "fps", "table", "slots", "where", "computed", "reported")
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.fps: Fingerprints | None = None
+        self.table: list[int] = []
+        self.slots = np.empty(0, dtype=np.int64)
+        self.where: dict[int, int] = {}  # block id -> its index in the table
+        self.computed = 0  # positions whose K/V this request has written or hit
+        self.reported: np.ndarray | None = None  # bool per position, already in a finding
+
+
+def _ranges(positions: np.ndarray) -> list[tuple[int, int]]:
+    """Sorted positions as [start, end) runs, the first MAX_RANGES."""
+    if not len(positions):
+        return []
+    breaks = np.flatnonzero(np.diff(positions) != 1) + 1
+    starts = np.concatenate([[0], breaks])
+    ends = np.concatenate([breaks, [len(positions)]])
+    return [(int(positions[a]), int(positions[b - 1]) + 1)
+            for a, b in zip(starts[:MAX_RANGES], ends[:MAX_RANGES])]
+
+
+class Ledger:
+    """The writer of every slot, and the check of every read. `report(finding)` is called for
+    each finding as it is made."""
+
+    def __init__(self, block_size: int, report=lambda finding: None) -> None:
+        self.block_size = block_size
+        self.report = report
+        self.counters = Counters()
+        self.writer_fp = np.zeros(1 << 16, dtype=np.int64)  # per slot; grows
+        self.writer_id = np.full(1 << 16, -1, dtype=np.int64)  # index into self.names
+        self.names: list[str] = []
+        self.fate: dict[int, str] = {}  # request number -> cancelled / finished
+        self.live: dict[str, _Request] = {}
+        self.holders: dict[int, set[str]] = {}  # block id -> live requests that map it
+
+    # --- lifecycle of requests ------------------------------------------------------------
+    def _request(self, rid: str) -> _Request:
+        req = self.live.get(rid)
+        if req is None:
+            req = self.live[rid] = _Request(len(self.names))
+            self.names.append(rid)
+            self.counters.requests += 1
+        return req
+
+    def finish(self, rid: str, cancelled: bool = False) -> None:
+        """The request left the engine (its blocks are the pool's again)."""
+        req = self.live.pop(rid, None)
+        if req is None:
+            return
+        self._map(rid, req, [])
+        self.fate[req.number] = "cancelled" if cancelled else "finished"
+
+    def preempt(self, rid: str) -> None:
+        """The request lost its blocks and waits to compute again: it maps nothing, has
+        computed nothing, and keeps what was reported."""
+        req = self.live.get(rid)
+        if req is not None:
+            self._map(rid, req, [])
+            req.computed = 0
+
+    def table_of(self, rid: str) -> list[int]:
+        req = self.live.get(rid)
+        return list(req.table) if req is not None else []
+
+    def zero(self, block: int) -> None:
+        """The workers zero `block` before the forward pass: its slots hold nobody's K/V."""
+        bs = self.block_size
+        self._grow((block + 1) * bs)
+        self.writer_fp[block * bs:(block + 1) * bs] = UNWRITTEN
+        self.writer_id[block * bs:(block + 1) * bs] = -1
+
+    def copy(self, src: int, dst: int) -> None:
+        """Copy-on-write: the workers copy block `src` into `dst` before the forward pass."""
+        bs = self.block_size
+        self._grow((max(src, dst) + 1) * bs)
+        for a in (self.writer_fp, self.writer_id):
+            a[dst * bs:(dst + 1) * bs] = a[src * bs:(src + 1) * bs]
+
+    def _map(self, rid: str, req: _Request, table: Sequence[int]) -> None:
+        """Point the request at `table`, keeping block -> holders in step."""
+        table = list(table)
+        if table == req.table:
+            return
+        old, new = set(req.table), set(table)
+        for b in old - new:
+            held = self.holders.get(b)
+            if held is not None:
+                held.discard(rid)
+                if not held:
+                    del self.holders[b]
+        for b in new - old:
+            self.holders.setdefault(b, set()).add(rid)
+        bs = self.block_size
+        req.table = table
+        req.where = {b: i for i, b in enumerate(table)}
+        req.slots = (np.asarray(table, dtype=np.int64)[:, None] * bs + np.arange(bs)).ravel()
+        self._grow(int(req.slots.max()) + 1 if len(req.slots) else 0)
+
+    def _grow(self, size: int) -> None:
+        if size > len(self.writer_fp):
+            n = max(size, 2 * len(self.writer_fp))
+            self.writer_fp = np.concatenate([self.writer_fp, np.zeros(n - len(self.writer_fp), np.int64)])
+            self.writer_id = np.concatenate([self.writer_id, np.full(n - len(self.writer_id), -1, np.int64)])
+
+    # --- one step -------------------------------------------------------------------------
+    def step(self, items: list[Scheduled]) -> None:
+        """One scheduling step: every item's writes, then every item's reads."""
+        t0 = time.perf_counter()
+        try:
+            self._step(items)
+        finally:
+            self.counters.seconds += time.perf_counter() - t0
+
+    def _step(self, items: list[Scheduled]) -> None:
+        self.counters.steps += 1
+        ready = []
+        for item in items:
+            req = self._request(item.rid)
+            end = item.computed + item.new
+            if len(item.tokens) < end or len(item.table) * self.block_size < end:
+                self.counters.unchecked += 1
+                self._map(item.rid, req, item.table)
+                continue
+            self._map(item.rid, req, item.table)
+            self._extend(req, item, end)
+            ready.append((item, req, end))
+        for item, req, end in ready:
+            self._write(item, req, end)
+        for item, req, end in ready:
+            self._read(item, req, end)
+
+    def _extend(self, req: _Request, item: Scheduled, end: int) -> None:
+        if req.fps is None:
+            req.fps = Fingerprints(list(item.tokens[:end]), item.namespace)
+        for i in range(len(req.fps), end):
+            req.fps.append(int(item.tokens[i]))
+
+    def _write(self, item: Scheduled, req: _Request, end: int) -> None:
+        start = item.computed
+        if end <= start:
+            return
+        slots, values = req.slots[start:end], req.fps.values(start, end)
+        self._check_overwrite(item, slots, values)
+        self.writer_fp[slots] = values
+        self.writer_id[slots] = req.number
+        req.computed = end
+        self.counters.writes += end - start
+
+    def _check_overwrite(self, item: Scheduled, slots: np.ndarray, values: np.ndarray) -> None:
+        """Another live request maps a block this write lands in, at a position it has
+        already computed, with another prefix there: its K/V is gone under it."""
+        bs = self.block_size
+        blocks = slots // bs
+        for b in np.unique(blocks).tolist():
+            for other in self.holders.get(b, ()):
+                if other == item.rid:
+                    continue
+                o = self.live[other]
+                here = blocks == b
+                pos = o.where[b] * bs + (slots[here] % bs)
+                done = pos < min(o.computed, len(o.fps) if o.fps is not None else 0)
+                if not done.any():
+                    continue
+                differs = o.fps.values()[pos[done]] != values[here][done]
+                if differs.any():
+                    bad = np.sort(pos[done][differs])
+                    self._found("overwrite", other, bad, o.computed, [item.rid], item.context,
+                                [self._fate(self.live[item.rid].number)])
+
+    def _read(self, item: Scheduled, req: _Request, end: int) -> None:
+        got = self.writer_fp[req.slots[:end]]
+        self.counters.reads += end
+        bad = got != req.fps.values(0, end)  # fingerprints are never UNWRITTEN
+        if not bad.any():
+            return
+        if req.reported is None or len(req.reported) < end:
+            grown = np.zeros(max(end, 2 * (0 if req.reported is None else len(req.reported))), bool)
+            if req.reported is not None:
+                grown[:len(req.reported)] = req.reported
+            req.reported = grown
+        bad &= ~req.reported[:end]
+        if not bad.any():
+            return
+        req.reported[:end] |= bad
+        unwritten = bad & (got == UNWRITTEN)
+        foreign = bad & ~unwritten
+        if unwritten.any():
+            self._found("unwritten", item.rid, np.flatnonzero(unwritten), end, [], item.context, [])
+        if foreign.any():
+            pos = np.flatnonzero(foreign)
+            numbers = list(dict.fromkeys(self.writer_id[req.slots[pos]].tolist()))[:3]
+            self._found("foreign", item.rid, pos, end, [self.names[n] for n in numbers if n >= 0],
+                        item.context, [self._fate(n) for n in numbers if n >= 0])
+
+    def _fate(self, number: int) -> str:
+        return self.fate.get(number, "live")
+
+    def _found(self, kind: str, rid: str, positions: np.ndarray, context_len: int,
+               writers: list[str], context: tuple[str, ...], writer_context: list[str]) -> None:
+        setattr(self.counters, kind, getattr(self.counters, kind) + len(positions))
+        self.report(Finding(kind, self.counters.steps, rid, _ranges(positions), len(positions),
+                            context_len, writers, list(context), writer_context))
