@@ -38,8 +38,6 @@ def sentinel_path(spec, given: str | None) -> Path | bool | None:
     local = spec.is_local and spec.engine.sentinel
     if given is None:
         return True if local else None
-    if spec.is_local and not local:
-        raise KvdiagError(f"--sentinel: {spec.engine.label} has no sentinel yet (vLLM has)")
     try:
         if spec.is_local:
             return check_writable(given)

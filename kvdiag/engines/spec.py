@@ -95,7 +95,7 @@ ENGINES = MappingProxyType({s.name: s for s in (
                              preemptions=("sglang:num_retracted_requests_total",),
                              aborts=("sglang:num_aborted_requests_total",),
                              waiting=("sglang:num_queue_reqs",)),
-               abort_api=True,
+               abort_api=True, sentinel=True,
                no_audit="kvdiag replays vLLM's allocator only; SGLang's radix tree is probed live"),
 )})
 

@@ -6,16 +6,19 @@ from __future__ import annotations
 
 
 def _first(block) -> str:
-    f = block.findings[0]
+    """The first bad read (a foreign or unwritten slot) where there is one, else the first
+    overwrite: who, which positions, whose K/V, when, in which event."""
+    f = next((f for f in block.findings if f.kind != "overwrite"), block.findings[0])
     span = ", ".join(f"{a}-{b - 1}" for a, b in f.positions[:3])
     who = f.where or f.request
-    out = f"first: {who} read positions {span} {f.kind}"
-    if f.writers:
-        writer = f.writers_where[0] or f.writers[0]
-        fate = f.writer_context[0] if f.writer_context else "live"
-        out += f", written by {writer} ({fate})" if f.kind != "overwrite" else f", overwritten by {writer}"
-    out += f" at step {f.step}"
-    return out + (f", {'; '.join(f.context)}" if f.context else "")
+    writer = (f.writers_where[0] or f.writers[0]) if f.writers else None
+    fate = f.writer_context[0] if f.writer_context else "live"
+    event = f" ({'; '.join(f.context)})" if f.context else ""
+    if f.kind == "overwrite":
+        return (f"first: {who}'s positions {span} overwritten by {writer}{event} at step "
+                f"{f.step}")
+    held = f", holding K/V of {writer} ({fate})" if writer else ""
+    return f"first: {who} read positions {span} {f.kind}{held} at step {f.step}{event}"
 
 
 def sentinel_finding(block) -> str | None:

@@ -58,13 +58,14 @@ class SglangLocal(EngineServer):
                  python: str | None = None, log_path: str | Path | None = None,
                  extra_args: tuple[str, ...] = (), device: str | None = None,
                  timeout: float = 900.0, served_model: str | None = None,
-                 adapters: dict[str, Path] | None = None) -> None:
+                 adapters: dict[str, Path] | None = None, sentinel: str | Path | None = None) -> None:
         fault = check_fault(fault)
         if adapters:
             raise KvdiagError("sglang-local serves no LoRA adapter here (SGLang's LoRA on CPU is "
                               "untested): start SGLang yourself with --lora-paths")
         super().__init__(model_dir, fault=fault, python=python, log_path=log_path,
-                         extra_args=extra_args, timeout=timeout, served_model=served_model)
+                         extra_args=extra_args, timeout=timeout, served_model=served_model,
+                         sentinel=sentinel)
         self.page_size, self.num_blocks, self.max_model_len = block_size, num_blocks, max_model_len
         self.device = device or ("cuda" if torch_sees_cuda(self.python) else "cpu")
 

@@ -1,5 +1,6 @@
 """kvdiag's SGLang hook: plants the fault that $KVDIAG_SGLANG_FAULT names into SGLang's radix
-cache, as a positive control for kvdiag's probe; inert without it.
+cache, as a positive control for kvdiag's probe, and turns the sentinel on (sentinel.py) when
+$KVDIAG_SENTINEL names its file; inert without either.
 
 How it gets into every SGLang process: SGLang starts its scheduler and detokenizer with the
 multiprocessing "spawn" method, so each is a fresh interpreter that runs the venv's .pth
@@ -40,11 +41,18 @@ _SERVER_ARGS = {"page-overrun": {"page_size": PAGE_OVERRUN_SIZE}}
 
 
 def register() -> None:
-    """Arm the plant for this process; called by the .pth line when $KVDIAG_SGLANG_FAULT is set."""
-    name = os.environ.get(FAULT_ENV, "").strip()
-    if not name or _armed:
+    """Arm the plant, and the sentinel, for this process; called by the .pth line when
+    $KVDIAG_SGLANG_FAULT or $KVDIAG_SENTINEL is set."""
+    from kvdiag.sentinel.log import ENV
+
+    path, name = os.environ.get(ENV, "").strip(), os.environ.get(FAULT_ENV, "").strip()
+    if _armed or not (path or name):
         return
-    _armed.append(name)
+    _armed.append(name or "sentinel")
+    if path:
+        _after_import("sglang.srt.managers.scheduler", lambda _module: _sentinel(path))
+    if not name:
+        return
     if name in FAULTS:
         # set here, in the launching process, so the spawned scheduler inherits it
         for key, value in FAULTS[name].server_env.items():
@@ -53,6 +61,16 @@ def register() -> None:
         _after_import("sglang.srt.server_args",
                       lambda module: _wrap_resolve(module, _SERVER_ARGS[name]))
     _after_import("sglang.srt.plugins", lambda module: _wrap_load_plugins(module, name))
+
+
+def _sentinel(path: str) -> None:
+    """The sentinel in this process (kvdiag.engines.sglang.sentinel); an SGLang it cannot read
+    raises, and the process does not start."""
+    from kvdiag.engines.sglang.sentinel import install
+
+    install(path)
+    log.warning("kvdiag: SENTINEL on in this SGLang process (pid %d): every KV read checked, "
+                "findings in %s", os.getpid(), path)
 
 
 def plant(name: str) -> None:

@@ -23,6 +23,7 @@ other groups are counted as unchecked, never passed.
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 from kvdiag.sentinel.ledger import Ledger, Scheduled, namespace_of
 from kvdiag.sentinel.log import SentinelLog
@@ -67,11 +68,10 @@ class VllmSentinel:
         self.step_no = 0
 
     def _start(self, scheduler) -> None:
-        import vllm
-
+        vllm = sys.modules.get("vllm")  # the engine's own process has it (a test may not)
         block_size = scheduler.block_size if hasattr(scheduler, "block_size") else \
             scheduler.cache_config.block_size
-        self.log = SentinelLog(self.path, {"engine": "vllm", "version": vllm.__version__,
+        self.log = SentinelLog(self.path, {"engine": "vllm", "version": getattr(vllm, "__version__", None),
                                            "block_size": block_size})
         self.ledger = Ledger(block_size, self.log.finding)
 
@@ -168,7 +168,7 @@ def install(path: str):
     check_version()
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    from kvdiag.engines.vllm.plants.patching import both, swap_attr
+    from kvdiag.engines.patching import both, swap_attr
 
     sentinel = VllmSentinel(path)
     schedule, update, finish = (Scheduler.schedule, Scheduler.update_from_output,

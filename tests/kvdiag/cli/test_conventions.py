@@ -59,8 +59,6 @@ def test_bad_options_fail_before_any_work(args):
     (["isolation", "--base-url", "ftp://nosuch", "--model", "canary"], "not ftp"),
     (["probe", "--target", "vllm-local", "--suite", "smoke", "--sentinel", "/proc/nosuch/s.jsonl"],
      "--sentinel /proc/nosuch/s.jsonl"),  # a file a server kvdiag starts could not write
-    (["probe", "--target", "sglang-local", "--suite", "smoke", "--sentinel", "{tmp}/s.jsonl"],
-     "SGLang has no sentinel yet"),
     (["probe", "--base-url", "http://127.0.0.1:9", "--model", "c", "--suite", "smoke",
       "--sentinel", "{tmp}/none.jsonl"], "No such file"),  # somebody else's server writes none
     (["serve", "--sentinel", "/proc/nosuch/s.jsonl"], "--sentinel /proc/nosuch/s.jsonl"),

@@ -7,20 +7,10 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-Undo = Callable[[], None]
+from kvdiag.engines.patching import Undo, both, swap_attr
 
-
-def swap_attr(owner, name: str, new) -> Undo:
-    """Set owner.name (a class attribute) to `new`; undo restores the original object."""
-    old = owner.__dict__[name]
-    setattr(owner, name, new)
-
-    def undo() -> None:
-        if owner.__dict__.get(name) is not new:
-            raise RuntimeError(f"kvdiag: {owner.__name__}.{name} was patched again since; "
-                               "undo plants in reverse order")
-        setattr(owner, name, old)
-    return undo
+__all__ = ["Undo", "both", "swap_attr", "swap_function", "wrap_extra_keys", "wrap_hash",
+           "rehash_shared"]
 
 
 def swap_function(module, name: str, new) -> Undo:
@@ -47,13 +37,6 @@ def swap_function(module, name: str, new) -> Undo:
                                "undo plants in reverse order")
         for m in holders(new):
             setattr(m, name, old)
-    return undo
-
-
-def both(*undos: Undo) -> Undo:
-    def undo() -> None:
-        for u in reversed(undos):
-            u()
     return undo
 
 

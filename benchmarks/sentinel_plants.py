@@ -1,0 +1,77 @@
+"""The sentinel against planted faults, run by run: `kvdiag probe --target ENGINE-local:FAULT
+--suite smoke` (the default traffic, the sentinel on), `--runs` fresh servers per fault, and
+the healthy engine too. One line per run: the verdict, whether the sentinel caught it, its
+bad reads, how many requests' answers departed, and the sentinel's first finding.
+
+    python benchmarks/sentinel_plants.py                          # vLLM's lifecycle plants, 1 run each
+    python benchmarks/sentinel_plants.py --runs 10 --faults ref-undercount,stale-lookup
+    python benchmarks/sentinel_plants.py --faults healthy --runs 10   # false positives
+
+Each run takes minutes on 2 CPU cores (a server start and the whole probe). The last lines
+count, per fault, the runs the sentinel failed and the runs the answers alone would have.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def lifecycle_plants(engine: str) -> list[str]:
+    from kvdiag.engines.spec import engine_spec
+
+    return [name for name, f in engine_spec(engine).catalog().items() if f.event]
+
+
+def one(engine: str, fault: str | None, out: Path) -> dict:
+    target = f"{engine}-local" + (f":{fault}" if fault else "")
+    run = subprocess.run([sys.executable, "-m", "kvdiag", "probe", "--target", target, "--suite",
+                          "smoke", "--out", str(out), "--json"], capture_output=True, text=True)
+    try:
+        s = json.loads((out / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {"exit": run.returncode, "verdict": "error", "why": run.stderr.strip()[-300:]}
+    sentinel = s.get("sentinel") or {}
+    bad = sum(sentinel.get(k, 0) for k in ("foreign", "unwritten", "overwrite"))
+    found = sentinel.get("findings") or []
+    f = next((f for f in found if f["kind"] != "overwrite"), found[0] if found else None)
+    first = "-" if f is None else (
+        f"{f['kind']} {f['where'] or f['request']} positions {f['positions'][:2]} "
+        f"writer {(f['writers_where'] or [None])[0] or (f['writers'] or ['-'])[0]} "
+        f"({', '.join(f['writer_context'])}) step {f['step']} [{'; '.join(f['context'])}]")
+    return {"exit": run.returncode, "verdict": s["verdict"], "sentinel_bad": bad,
+            "reads": sentinel.get("reads", 0), "answers": s["corrupted_requests"], "first": first}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--engine", default="vllm")
+    p.add_argument("--faults", default=None, help="comma-separated; 'healthy' for none "
+                   "(default: the engine's lifecycle plants)")
+    p.add_argument("--runs", type=int, default=1)
+    args = p.parse_args()
+    faults = args.faults.split(",") if args.faults else lifecycle_plants(args.engine)
+    tally = {}
+    root = Path(tempfile.mkdtemp(prefix="kvdiag-sentinel-plants-"))
+    for fault in faults:
+        for k in range(args.runs):
+            r = one(args.engine, None if fault == "healthy" else fault, root / f"{fault}-{k}")
+            print(f"{fault:26s} run {k + 1}: {r['verdict']:12s} sentinel bad reads "
+                  f"{r.get('sentinel_bad', '-')} of {r.get('reads', '-')} checked; answers departed "
+                  f"{r.get('answers', '-')}; first: {r.get('first', r.get('why'))}", flush=True)
+            t = tally.setdefault(fault, [0, 0, 0])
+            t[0] += 1
+            t[1] += bool(r.get("sentinel_bad"))
+            t[2] += bool(r.get("answers"))
+    for fault, (runs, by_sentinel, by_answers) in tally.items():
+        print(f"{fault}: sentinel caught {by_sentinel} of {runs} runs; answers departed in {by_answers}")
+
+
+if __name__ == "__main__":
+    main()

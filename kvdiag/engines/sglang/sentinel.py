@@ -1,0 +1,167 @@
+"""The sentinel inside SGLang's scheduler process: every batch it runs, read as the model
+runner reads it, fed to the ledger (kvdiag.sentinel.ledger) in the order the batches ran.
+
+What it reads, per request of a batch (all of it what the forward pass is handed, or the
+request's own):
+    req_to_token[req_pool_indices, :seq_len]  the slots its attention reads (token-granular: the
+                                           ledger's block is one slot, whatever the page size)
+    prefix_lens, extend_lens (extend)      the positions already there and those written
+    seq_lens (decode)                      one position written, the last
+    origin_input_ids + output_ids          its tokens; extra_key (cache_salt) and lora_id
+    retract_decode()                       requests that lost their slots and will recompute
+    finished_reason                        a request that left (FINISH_ABORT: cancelled)
+
+It never reads the radix tree, its locks or the allocator's free list: those are the code
+under test. The batch's geometry is taken when run_batch() starts and checked when its result
+is processed (every token it wrote is known then, with or without overlap scheduling), in
+the order the batches ran; a retraction is applied in that order too.
+
+    undo = install("reports/run/sentinel.jsonl")   # from kvdiag's SGLang plugin
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import deque
+
+from kvdiag.sentinel.ledger import Ledger, Scheduled, namespace_of
+from kvdiag.sentinel.log import SentinelLog
+
+
+class SglangSentinel:
+    """The ledger fed from one SGLang scheduler."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.ledger: Ledger | None = None
+        self.log: SentinelLog | None = None
+        self.pending: deque = deque()  # ("step", id(batch), items) | ("retract", rids)
+        self.chunks: dict[str, int] = {}
+        self.retracted: set[str] = set()
+
+    def _start(self) -> None:
+        sglang = sys.modules.get("sglang")  # the engine's own process has it (a test may not)
+        self.log = SentinelLog(self.path, {"engine": "sglang",
+                                           "version": getattr(sglang, "__version__", None),
+                                           "block_size": 1})
+        self.ledger = Ledger(1, self.log.finding)
+
+    def launched(self, scheduler, batch) -> None:
+        """run_batch() starts: take what the forward pass reads."""
+        mode = batch.forward_mode
+        if batch.reqs is None or not len(batch.reqs) or mode.is_idle():
+            return
+        extend = mode.is_extend()
+        if not extend and not mode.is_decode():
+            self.pending.append(("step", id(batch), [], len(batch.reqs)))  # counted unchecked
+            return
+        rows = scheduler.req_to_token_pool.req_to_token
+        seq_lens = batch.seq_lens_cpu.tolist()
+        pool = (batch.req_pool_indices_cpu if batch.req_pool_indices_cpu is not None
+                else batch.req_pool_indices).tolist()
+        items = []
+        for i, req in enumerate(batch.reqs):
+            end = int(seq_lens[i])
+            if extend:
+                computed, new = int(batch.prefix_lens[i]), int(batch.extend_lens[i])
+            else:
+                computed, new = end - 1, 1
+            table = rows[pool[i], :end].tolist()
+            items.append((req, table, computed, new, self._context(req, computed, new, extend)))
+        self.pending.append(("step", id(batch), items, 0))
+
+    def _context(self, req, computed: int, new: int, extend: bool) -> tuple[str, ...]:
+        context = []
+        prompt = len(req.origin_input_ids)
+        if req.rid in self.retracted:
+            context.append("after retraction")
+        if extend and computed < prompt:
+            k = self.chunks[req.rid] = self.chunks.get(req.rid, 0) + 1
+            if k == 1 and computed:
+                context.append(f"prefix-cache hit of {computed} tokens")
+            if computed + new < prompt or k > 1:
+                context.append(f"prefill chunk {k} ({computed}..{computed + new} of {prompt})")
+        else:
+            context.append("decode" if new == 1 else f"extend {computed}..{computed + new}")
+        return tuple(context)
+
+    def retracted_now(self, reqs) -> None:
+        rids = [r.rid for r in reqs]
+        self.retracted.update(rids)
+        self.pending.append(("retract", rids))
+
+    def processed(self, batch) -> None:
+        """The batch's result is being processed: check every batch up to it, in order."""
+        if self.ledger is None:
+            self._start()
+        while self.pending:
+            entry = self.pending[0]
+            if entry[0] == "step" and entry[1] != id(batch) and not any(
+                    e[0] == "step" and e[1] == id(batch) for e in self.pending):
+                return  # this batch was never launched through run_batch(): nothing to check
+            self.pending.popleft()
+            if entry[0] == "retract":
+                for rid in entry[1]:
+                    self.ledger.preempt(rid)
+                    self.chunks.pop(rid, None)
+                continue
+            _, key, items, unchecked = entry
+            self.ledger.counters.unchecked += unchecked
+            self.ledger.step([self._scheduled(*item) for item in items])
+            self.log.counters(self.ledger.counters)
+            if key == id(batch):
+                return
+
+    @staticmethod
+    def _scheduled(req, table, computed, new, context) -> Scheduled:
+        tokens = list(req.origin_input_ids) + list(req.output_ids)
+        return Scheduled(req.rid, table, computed, new, tokens,
+                         namespace_of(getattr(req, "extra_key", None), getattr(req, "lora_id", None)),
+                         context)
+
+    def left(self, batch) -> None:
+        """After the result: requests that finished leave (their slots are the pool's)."""
+        for req in batch.reqs or ():
+            if req.finished():
+                cancelled = type(req.finished_reason).__name__ == "FINISH_ABORT"
+                self.ledger.finish(req.rid, cancelled)
+                self.chunks.pop(req.rid, None)
+                self.retracted.discard(req.rid)
+
+
+def install(path: str):
+    """Hook a sentinel writing to `path` into this process's SGLang scheduler; returns undo().
+    RuntimeError when this SGLang lacks what the sentinel reads."""
+    import sglang
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.managers.scheduler import Scheduler
+
+    from kvdiag.engines.patching import both, swap_attr
+
+    needed = [(Scheduler, "run_batch"), (Scheduler, "process_batch_result"),
+              (ScheduleBatch, "retract_decode")]
+    missing = [f"{c.__name__}.{n}" for c, n in needed if n not in c.__dict__]
+    if missing:
+        raise RuntimeError(f"kvdiag sentinel: SGLang {sglang.__version__} lacks {', '.join(missing)}: "
+                           "refusing to run a sentinel that cannot see")
+    sentinel = SglangSentinel(path)
+    run, process, retract = Scheduler.run_batch, Scheduler.process_batch_result, ScheduleBatch.retract_decode
+
+    def run_watched(self, batch, *args, **kwargs):
+        sentinel.launched(self, batch)
+        return run(self, batch, *args, **kwargs)
+
+    def process_watched(self, batch, *args, **kwargs):
+        sentinel.processed(batch)
+        out = process(self, batch, *args, **kwargs)
+        sentinel.left(batch)
+        return out
+
+    def retract_watched(self, *args, **kwargs):
+        out = retract(self, *args, **kwargs)
+        sentinel.retracted_now(out[0])
+        return out
+
+    return both(swap_attr(Scheduler, "run_batch", run_watched),
+                swap_attr(Scheduler, "process_batch_result", process_watched),
+                swap_attr(ScheduleBatch, "retract_decode", retract_watched))

@@ -1,0 +1,82 @@
+"""The vLLM sentinel's reading of scheduler outputs, without vLLM: steps built with the same
+field names as vLLM's SchedulerOutput (v1), checked for what the workers would do with them
+(a new request's table, an appended table, a resumed request's own table, zeroed blocks,
+finished requests) and what a planted fault looks like through them. The real scheduler is
+read in the live tests (tests/kvdiag/engines/test_vllm_lifecycle_live.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace as NS
+
+from kvdiag.engines.vllm.sentinel import VllmSentinel
+
+BS = 4
+
+
+def request(rid, tokens, prompt=None, salt=None):
+    return NS(request_id=rid, all_token_ids=list(tokens), num_prompt_tokens=prompt or len(tokens),
+              cache_salt=salt, lora_request=None)
+
+
+def output(new=(), cached=(), finished=(), preempted=(), zero=None, copies=None):
+    """new: (rid, table, computed, scheduled); cached: (rid, new blocks, computed, scheduled,
+    resumed)."""
+    return NS(scheduled_new_reqs=[NS(req_id=r, block_ids=(t,), num_computed_tokens=c) for r, t, c, _ in new],
+              scheduled_cached_reqs=NS(req_ids=[c[0] for c in cached],
+                                       new_block_ids=[(c[1],) for c in cached],
+                                       num_computed_tokens=[c[2] for c in cached],
+                                       resumed_req_ids={c[0] for c in cached if c[4]}),
+              num_scheduled_tokens={**{r: n for r, _, _, n in new}, **{c[0]: c[3] for c in cached}},
+              finished_req_ids=set(finished), preempted_req_ids=set(preempted),
+              new_block_ids_to_zero=zero, kv_cache_block_copies=copies)
+
+
+class Scheduler:
+    block_size = BS
+
+    def __init__(self, *requests):
+        self.requests = {r.request_id: r for r in requests}
+        self.waiting = []
+
+
+def run(sentinel, scheduler, out):
+    sentinel.scheduled(scheduler, out)
+    sentinel.step(scheduler, out)
+
+
+def test_tables_follow_the_workers_and_a_healthy_run_reads_clean(tmp_path):
+    a, b = request("a", range(10)), request("b", [*range(8), 50, 51])
+    sched = Scheduler(a, b)
+    s = VllmSentinel(str(tmp_path / "s.jsonl"))
+    run(s, sched, output(new=[("a", [3, 5, 6], 0, 10)]))
+    a.all_token_ids.append(99)
+    run(s, sched, output(new=[("b", [3, 5, 9], 8, 2)], cached=[("a", [], 10, 1, False)]))
+    a.all_token_ids += [98, 97]
+    run(s, sched, output(cached=[("a", [7], 11, 1, False)], finished=["b"]))  # appended
+    assert s.ledger.table_of("a") == [3, 5, 6, 7]
+    c = s.ledger.counters
+    assert (c.foreign, c.unwritten, c.overwrite) == (0, 0, 0) and c.reads == 10 + 10 + 11 + 12
+
+
+def test_stale_progress_after_preemption_is_an_unwritten_read_in_the_resumed_event(tmp_path):
+    a = request("a", range(12), prompt=10)
+    sched = Scheduler(a)
+    s, found = VllmSentinel(str(tmp_path / "s.jsonl")), []
+    run(s, sched, output(new=[("a", [1, 2, 3], 0, 10)]))
+    s.ledger.report = found.append
+    run(s, sched, output(preempted=["a"]))
+    # resumed into fresh blocks with its progress kept: it computes one token, reads the rest
+    run(s, sched, output(cached=[("a", [8, 9, 10], 11, 1, True)]))
+    (f,) = found
+    assert f.kind == "unwritten" and f.positions == [(0, 11)] and "resumed after preemption" in f.context
+
+
+def test_a_zeroed_block_under_a_reader_and_a_finished_writer(tmp_path):
+    a, b = request("a", range(8)), request("b", [*range(4), 7, 7, 7, 7])
+    sched = Scheduler(a, b)
+    s, found = VllmSentinel(str(tmp_path / "s.jsonl")), []
+    run(s, sched, output(new=[("a", [1, 2], 0, 8)]))
+    s.ledger.report = found.append
+    a.all_token_ids.append(5)
+    run(s, sched, output(cached=[("a", [4], 8, 1, False)], zero=[2]))  # block 2 zeroed under a
+    assert [(f.kind, f.positions) for f in found] == [("unwritten", [(4, 8)])]
