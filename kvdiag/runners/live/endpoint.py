@@ -125,6 +125,8 @@ class Endpoint(ServerIdentity):
         if cache_salt is not None:
             body["cache_salt"] = cache_salt
         rid = f"kvdiag-{uuid.uuid4().hex[:16]}"
+        if self.abort_api:  # a server that takes its client's rid (SGLang) names it so
+            body.setdefault("rid", rid)
         r = await self._async("POST", path, json=body, headers={"X-Request-Id": rid})
         if r.status_code != 200:
             raise EndpointError(f"{what} answered HTTP {r.status_code}: {r.text[:300]}")

@@ -234,6 +234,7 @@ def test_every_fault_has_a_plant_and_the_lifecycle_ones_an_event(monkeypatch):
     assert lifecycle == {"dedup-no-remap": "concurrent-prefill", "abort-publish": "cancel-prefill"}
     assert set(lifecycle.values()) <= set(EVENTS)
     monkeypatch.delenv(FAULT_ENV, raising=False)
+    monkeypatch.delenv("KVDIAG_SENTINEL", raising=False)
     monkeypatch.setattr(plugin, "_armed", [])
-    plugin.register()  # no fault named: inert, nothing armed or planted
+    plugin.register()  # no fault named, no sentinel: inert, nothing armed or planted
     assert not plugin._armed and not plugin._planted
