@@ -19,6 +19,7 @@ from kvdiag.cli import (
     report,
     reproduce,
     schema,
+    sentinel,
     serve,
 )
 
@@ -70,6 +71,7 @@ app.command("exporter")(export.exporter)
 app.add_typer(fixtures.app, name="fixtures")
 app.add_typer(fleet.app, name="fleet")
 app.command("schema")(schema.schema)
+app.command("sentinel")(sentinel.sentinel)
 
 
 def main() -> None:

@@ -119,11 +119,15 @@ def _ranges(positions: np.ndarray) -> list[tuple[int, int]]:
 
 class Ledger:
     """The writer of every slot, and the check of every read. `report(finding)` is called for
-    each finding as it is made."""
+    each finding as it is made. `overwrites`: also check writes into blocks other live
+    requests map (an engine that remaps a running request's table to other slots, as SGLang
+    does when it frees a request's duplicate of a cached prefix, passes False: there a
+    write into a slot the request no longer reads is no harm, and only reads are judged)."""
 
-    def __init__(self, block_size: int, report=lambda finding: None) -> None:
+    def __init__(self, block_size: int, report=lambda finding: None, overwrites: bool = True) -> None:
         self.block_size = block_size
         self.report = report
+        self.overwrites = overwrites
         self.counters = Counters()
         self.writer_fp = np.zeros(1 << 16, dtype=np.int64)  # per slot; grows
         self.writer_id = np.full(1 << 16, -1, dtype=np.int64)  # index into self.names
@@ -239,7 +243,8 @@ class Ledger:
         if end <= start:
             return
         slots, values = req.slots[start:end], req.fps.values(start, end)
-        self._check_overwrite(item, slots, values)
+        if self.overwrites:
+            self._check_overwrite(item, slots, values)
         self.writer_fp[slots] = values
         self.writer_id[slots] = req.number
         req.computed = end
@@ -247,9 +252,11 @@ class Ledger:
 
     def _check_overwrite(self, item: Scheduled, slots: np.ndarray, values: np.ndarray) -> None:
         """Another live request maps a block this write lands in, at a position it has
-        already computed, with another prefix there: its K/V is gone under it."""
+        already computed, with another prefix there: its K/V is gone under it. One finding
+        per request overwritten."""
         bs = self.block_size
         blocks = slots // bs
+        hit: dict[str, list[np.ndarray]] = {}
         for b in np.unique(blocks).tolist():
             for other in self.holders.get(b, ()):
                 if other == item.rid:
@@ -262,9 +269,10 @@ class Ledger:
                     continue
                 differs = o.fps.values()[pos[done]] != values[here][done]
                 if differs.any():
-                    bad = np.sort(pos[done][differs])
-                    self._found("overwrite", other, bad, o.computed, [item.rid], item.context,
-                                [self._fate(self.live[item.rid].number)])
+                    hit.setdefault(other, []).append(pos[done][differs])
+        for other, parts in hit.items():
+            self._found("overwrite", other, np.sort(np.concatenate(parts)), self.live[other].computed,
+                        [item.rid], item.context, [self._fate(self.live[item.rid].number)])
 
     def _read(self, item: Scheduled, req: _Request, end: int) -> None:
         got = self.writer_fp[req.slots[:end]]

@@ -26,11 +26,12 @@ The judges, by kind of run (each returns a Judgement: the verdict and one senten
     judge_fleet       every cell of a fleet
     judge_compare     targets on the same sessions (kvdiag compare): the worst of theirs
     judge_matrix      the detection matrix: healthy passes, every planted fault is caught
+    judge_sentinel    a sentinel's file on its own: any bad read fails, nothing checked proves nothing
 
 One module per kind of evidence: core.py (Verdict, Judgement), reference.py (in-process
 runs), live.py (a live probe: the classifications of divergences, over-hits and prompt
 logprobs, and judge_probe), audits.py (the vLLM replay, tenant isolation), runs.py (runs of
-runs: regress, fleet, the detection matrix).
+runs: regress, fleet, the detection matrix), sentinel.py (a sentinel inside the engine).
 """
 
 
@@ -54,9 +55,10 @@ from kvdiag.verdicts.runs import (
     judge_regress,
     judge_unreached,
 )
+from kvdiag.verdicts.sentinel import judge_sentinel
 
 __all__ = ["CACHED_TOKEN_FLAGS", "ISOLATION_JUDGED", "Judgement", "ProbeEvidence", "Verdict",
            "caught_as_expected", "classify_divergence", "classify_leaks", "expected_detection", "judge_audit",
            "judge_compare", "judge_fleet", "judge_gate", "judge_isolation", "judge_matrix", "judge_probe", "judge_unreached",
-           "judge_reference", "judge_regress", "judge_series", "judge_unmeasured",
+           "judge_reference", "judge_regress", "judge_sentinel", "judge_series", "judge_unmeasured",
            "logprob_departed", "over_hit"]

@@ -4,6 +4,8 @@ a pass says how much it checked and what it trusts."""
 
 from __future__ import annotations
 
+from kvdiag.verdicts.core import Judgement, Verdict
+
 
 def _first(block) -> str:
     """The first bad read (a foreign or unwritten slot) where there is one, else the first
@@ -46,3 +48,13 @@ def sentinel_covered(block) -> str:
     unchecked = f", {block.unchecked} request-steps unchecked" if block.unchecked else ""
     return (f"; sentinel: {block.steps} steps, {block.requests} requests, {block.reads} KV slot "
             f"reads checked, 0 foreign, 0 unwritten{unchecked} ({block.trusts})")
+
+
+def judge_sentinel(block) -> Judgement:
+    """A sentinel's file read on its own (kvdiag sentinel): fail on any bad read,
+    inconclusive when it checked nothing, pass naming what it checked."""
+    if (found := sentinel_finding(block)) is not None:
+        return Judgement(Verdict.FAIL, found)
+    if (blind := sentinel_blind(block)) is not None:
+        return Judgement(Verdict.INCONCLUSIVE, blind)
+    return Judgement(Verdict.PASS, sentinel_covered(block).removeprefix("; "))

@@ -14,7 +14,8 @@ request's own):
 It never reads the radix tree, its locks or the allocator's free list: those are the code
 under test. The batch's geometry is taken when run_batch() starts and checked when its result
 is processed (every token it wrote is known then, with or without overlap scheduling), in
-the order the batches ran; a retraction is applied in that order too.
+the order the batches ran (SGLang processes results in launch order, on a copy of each
+batch); a retraction is applied in that order too.
 
     undo = install("reports/run/sentinel.jsonl")   # from kvdiag's SGLang plugin
 """
@@ -35,25 +36,32 @@ class SglangSentinel:
         self.path = path
         self.ledger: Ledger | None = None
         self.log: SentinelLog | None = None
-        self.pending: deque = deque()  # ("step", id(batch), items) | ("retract", rids)
+        self.pending: deque = deque()  # ("step", items, unchecked) | ("retract", rids)
         self.chunks: dict[str, int] = {}
         self.retracted: set[str] = set()
+        self.reqs: dict = {}  # rid -> SGLang Req, for every request the ledger holds
 
     def _start(self) -> None:
         sglang = sys.modules.get("sglang")  # the engine's own process has it (a test may not)
         self.log = SentinelLog(self.path, {"engine": "sglang",
                                            "version": getattr(sglang, "__version__", None),
                                            "block_size": 1})
-        self.ledger = Ledger(1, self.log.finding)
+        # SGLang remaps a running request's row to the tree's slots when it frees the
+        # request's own duplicate of a prefix (cache_unfinished_req), after the next batch
+        # was launched with the old row: reads are judged, writes over such slots are not
+        self.ledger = Ledger(1, self.log.finding, overwrites=False)
 
     def launched(self, scheduler, batch) -> None:
-        """run_batch() starts: take what the forward pass reads."""
+        """run_batch() starts: take what the forward pass reads. Every launch queues one step
+        (an idle batch an empty one): SGLang processes results in launch order, each exactly
+        once, and hands process_batch_result() a copy of the batch, so steps pair by order."""
         mode = batch.forward_mode
         if batch.reqs is None or not len(batch.reqs) or mode.is_idle():
+            self.pending.append(("step", [], 0))
             return
         extend = mode.is_extend()
         if not extend and not mode.is_decode():
-            self.pending.append(("step", id(batch), [], len(batch.reqs)))  # counted unchecked
+            self.pending.append(("step", [], len(batch.reqs)))  # counted unchecked
             return
         rows = scheduler.req_to_token_pool.req_to_token
         seq_lens = batch.seq_lens_cpu.tolist()
@@ -68,7 +76,7 @@ class SglangSentinel:
                 computed, new = end - 1, 1
             table = rows[pool[i], :end].tolist()
             items.append((req, table, computed, new, self._context(req, computed, new, extend)))
-        self.pending.append(("step", id(batch), items, 0))
+        self.pending.append(("step", items, 0))
 
     def _context(self, req, computed: int, new: int, extend: bool) -> tuple[str, ...]:
         context = []
@@ -90,27 +98,28 @@ class SglangSentinel:
         self.retracted.update(rids)
         self.pending.append(("retract", rids))
 
-    def processed(self, batch) -> None:
-        """The batch's result is being processed: check every batch up to it, in order."""
+    def processed(self) -> None:
+        """A batch's result is about to be processed: check the oldest launched step, and the
+        retractions queued before it. A request that finished since its batch was launched
+        (overlap scheduling launches the next batch first) is checked all the same: SGLang
+        drops its token, but the forward pass wrote its K/V, and the tree may serve it
+        (left() lets it go after)."""
         if self.ledger is None:
             self._start()
         while self.pending:
-            entry = self.pending[0]
-            if entry[0] == "step" and entry[1] != id(batch) and not any(
-                    e[0] == "step" and e[1] == id(batch) for e in self.pending):
-                return  # this batch was never launched through run_batch(): nothing to check
-            self.pending.popleft()
+            entry = self.pending.popleft()
             if entry[0] == "retract":
                 for rid in entry[1]:
                     self.ledger.preempt(rid)
                     self.chunks.pop(rid, None)
                 continue
-            _, key, items, unchecked = entry
+            _, items, unchecked = entry
             self.ledger.counters.unchecked += unchecked
-            self.ledger.step([self._scheduled(*item) for item in items])
+            if items:
+                self.ledger.step([self._scheduled(*item) for item in items])
+                self.reqs.update((item[0].rid, item[0]) for item in items)
             self.log.counters(self.ledger.counters)
-            if key == id(batch):
-                return
+            return
 
     @staticmethod
     def _scheduled(req, table, computed, new, context) -> Scheduled:
@@ -119,14 +128,16 @@ class SglangSentinel:
                          namespace_of(getattr(req, "extra_key", None), getattr(req, "lora_id", None)),
                          context)
 
-    def left(self, batch) -> None:
-        """After the result: requests that finished leave (their slots are the pool's)."""
-        for req in batch.reqs or ():
+    def left(self) -> None:
+        """After each result: every request the ledger holds that has finished leaves (its
+        slots are the pool's again), whichever batch it was in, an abort included."""
+        for rid, req in list(self.reqs.items()):
             if req.finished():
                 cancelled = type(req.finished_reason).__name__ == "FINISH_ABORT"
-                self.ledger.finish(req.rid, cancelled)
-                self.chunks.pop(req.rid, None)
-                self.retracted.discard(req.rid)
+                self.ledger.finish(rid, cancelled)
+                del self.reqs[rid]
+                self.chunks.pop(rid, None)
+                self.retracted.discard(rid)
 
 
 def install(path: str):
@@ -152,9 +163,9 @@ def install(path: str):
         return run(self, batch, *args, **kwargs)
 
     def process_watched(self, batch, *args, **kwargs):
-        sentinel.processed(batch)
+        sentinel.processed()
         out = process(self, batch, *args, **kwargs)
-        sentinel.left(batch)
+        sentinel.left()
         return out
 
     def retract_watched(self, *args, **kwargs):

@@ -26,6 +26,8 @@ def begin(source: str | Path) -> int:
 
 
 def _names(store) -> dict[str, tuple[str, int, int]]:
+    if store is None:
+        return {}
     return {row["request_id"]: key for key, row in store.done.items() if row.get("request_id")}
 
 
@@ -41,16 +43,18 @@ def _label(key) -> str | None:
     return f"{phase} session {session} round {rnd}"
 
 
-def observe(source: str | Path, since: int, store) -> tuple[SentinelBlock, dict]:
+def observe(source: str | Path, since: int = 0, store=None,
+            wait: float = FLUSH) -> tuple[SentinelBlock, dict]:
     """The sentinel's block for this run, and the bad reads of each of the run's requests:
-    (phase, session, round) -> {"foreign_slots", "unwritten_slots"}. KvdiagError when its
-    file is not there (a server started without the sentinel writes none)."""
-    time.sleep(FLUSH)  # the server's last counters, written once its work stopped
+    (phase, session, round) -> {"foreign_slots", "unwritten_slots"} (none without `store`).
+    KvdiagError when its file is not there (a server started without the sentinel writes
+    none). `wait`: for the server's last counters, written once its work stopped."""
+    time.sleep(wait)
     try:
         report = read_report(source, since)
     except FileNotFoundError:
-        raise KvdiagError(f"--sentinel {source}: no sentinel file (was the server started with "
-                          "kvdiag's plugin and KVDIAG_SENTINEL? docs/sentinel.md)") from None
+        raise KvdiagError(f"no sentinel file at {source} (was the server started with kvdiag's "
+                          "plugin and KVDIAG_SENTINEL? docs/sentinel.md)") from None
     names = _names(store)
     findings, per_round, per_request = [], {}, {}
     for row in report.findings:

@@ -33,18 +33,26 @@ def _probe(url: str, out, *extra: str, timeout: float = 600) -> tuple[subprocess
                                             ("key-omits:9", True), ("key-omits:4-11", True),
                                             ("unchained-hash", True)])
 def test_the_differential_phase_catches_the_key_coverage_family(tmp_path, allocator, over):
-    with served(*_server(allocator)) as (url, _):
-        run, summary = _probe(url, tmp_path / "d", "--differential-only", timeout=300)
-    oracle = summary["key_coverage"]["oracle"]
+    """The sentinel inside the server (kvdiag serve --sentinel) sees every wrong hit too: a
+    block served under a key that left part of it out holds another prefix's K/V."""
+    watch = tmp_path / "sentinel.jsonl"
+    with served(*_server(allocator), "--sentinel", str(watch)) as (url, _):
+        run, summary = _probe(url, tmp_path / "d", "--differential-only", "--sentinel", str(watch),
+                              timeout=300)
+    oracle, sentinel = summary["key_coverage"]["oracle"], summary["sentinel"]
     assert oracle["available"] and oracle["checked"] >= 20
+    assert sentinel["engine"] == "reference" and sentinel["reads"] > 0
     if not over:
         assert run.returncode == 0, run.stderr[-2000:]
         assert summary["verdict"] == "pass" and oracle["over_hits"] == 0
         isolated = summary["ground_truth"]["isolated"]
         assert f"ground truth: {isolated} isolated requests reported 0 cached tokens" in summary["reason"]
+        assert sentinel["foreign"] == sentinel["unwritten"] == 0
         return
     assert run.returncode == 1, run.stderr[-2000:]
-    assert summary["verdict"] == "fail" and summary["reason"].startswith("over-hit: ")
+    assert summary["verdict"] == "fail" and "; over-hit: " in summary["reason"]
+    assert summary["reason"].startswith("sentinel: ") and sentinel["foreign"] > 0
+    assert all(f["where"].startswith("diff session") for f in sentinel["findings"] if f["where"])
     first = oracle["examples"][0]
     assert first["cached"] > first["bound"]
     # every over-hit is a differential pair whose tokens part from all earlier ones inside the

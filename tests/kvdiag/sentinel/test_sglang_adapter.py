@@ -50,9 +50,9 @@ def test_batches_are_checked_in_launch_order_and_a_retraction_in_between(tmp_pat
     pool[0, 10] = 200
     b2 = batch([a], [0], [11])  # decode, launched before b1's result (overlap)
     s.launched(scheduler, b2)
-    s.processed(b1)
+    s.processed()
     assert s.ledger.counters.steps == 1
-    s.processed(b2)
+    s.processed()
     c = s.ledger.counters
     assert (c.steps, c.writes, c.reads, c.foreign + c.unwritten + c.overwrite) == (2, 11, 21, 0)
     # a retracted: its slots go to b, which writes them; a resumes elsewhere, recomputed
@@ -61,7 +61,7 @@ def test_batches_are_checked_in_launch_order_and_a_retraction_in_between(tmp_pat
     pool[1, :10] = torch.arange(100, 110)
     b3 = batch([bb], [1], [10], prefix=[0], extend=[10])
     s.launched(scheduler, b3)
-    s.processed(b3)
+    s.processed()
     assert s.ledger.counters.overwrite == 0  # a held nothing once retracted
     # a stale row: c is told a prefix of 10 that b's K/V now fills
     cc = req("c", range(11))
@@ -70,6 +70,36 @@ def test_batches_are_checked_in_launch_order_and_a_retraction_in_between(tmp_pat
     s.launched(scheduler, b4)
     found = []
     s.ledger.report = found.append
-    s.processed(b4)
+    s.processed()
     assert [(f.kind, f.request, f.writers, f.context) for f in found] == [
         ("foreign", "c", ["b"], ["prefix-cache hit of 10 tokens"])]
+
+
+def test_a_finished_request_leaves_whatever_batch_it_was_in(tmp_path):
+    """Overlap scheduling: batch t+1 is launched with a request that batch t's result then
+    finishes; SGLang drops its token but the forward pass wrote its K/V (checked, then let
+    go), and its slots go to the next request without any overwrite."""
+    pool = torch.zeros((4, 64), dtype=torch.int64)
+    scheduler = NS(req_to_token_pool=NS(req_to_token=pool))
+    s = SglangSentinel(str(tmp_path / "s.jsonl"))
+    found = []
+    a = req("a", range(6))
+    pool[0, :6] = torch.arange(10, 16)
+    b1 = batch([a], [0], [6], prefix=[0], extend=[6])
+    s.launched(scheduler, b1)
+    pool[0, 6] = 16
+    a.output_ids.append(3)
+    b2 = batch([a], [0], [7])  # launched before b1's result said a is done
+    s.launched(scheduler, b2)
+    s.processed()
+    s.ledger.report = found.append
+    a.finished_reason, a.finished = NS(), (lambda: True)
+    s.left()
+    s.processed()  # a finished: its write is recorded all the same, then it leaves
+    s.left()
+    b = req("b", range(40, 47))
+    pool[1, :7] = torch.arange(10, 17)  # a's slots, handed to b
+    b3 = batch([b], [1], [7], prefix=[0], extend=[7])
+    s.launched(scheduler, b3)
+    s.processed()
+    assert found == [] and s.ledger.counters.writes == 6 + 1 + 7 and "a" not in s.ledger.live
