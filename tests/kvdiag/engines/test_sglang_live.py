@@ -61,7 +61,11 @@ def test_probe_of_sglang_local(fault, tmp_path):
     log = (tmp_path / "p" / "sglang.log").read_text()
     assert summary["server"]["engine"] == "sglang" and summary["server"]["source"] == "server_info"
     assert summary["ground_truth"]["contaminated"] == 0  # salts isolate on SGLang
+    sentinel = summary["sentinel"]  # on by default for sglang-local
+    bad = sentinel["foreign"] + sentinel["unwritten"] + sentinel["overwrite"]
+    assert sentinel["engine"] == "sglang" and sentinel["reads"] > 0, sentinel
     if fault is None:
+        assert bad == 0, sentinel["findings"][:3]
         assert code == 0, err[-2000:]
         assert summary["verdict"] == "pass" and summary["corrupted_requests"] == 0
         assert summary["recycling"]["observed"], summary["recycling"]
@@ -77,6 +81,7 @@ def test_probe_of_sglang_local(fault, tmp_path):
     assert "PLANTED FAULT stale-node" in log
     assert code == 1, err[-2000:]
     assert summary["verdict"] == "fail" and summary["corruption_rounds"]
+    assert bad > 0 and summary["reason"].startswith("sentinel: ")
     first = summary["first_divergences"][0]
     assert first["round"] in summary["corruption_rounds"]
     assert first["shared_token"] != first["isolated_token"]
@@ -88,17 +93,21 @@ def test_probe_of_sglang_local(fault, tmp_path):
 @needs_sglang
 def test_the_default_probe_reaches_each_lifecycle_plants_event(fault, tmp_path):
     """The black box against SGLang's lifecycle plants: the default probe reaches the event each
-    lives at (abort-publish: cancels aborted by rid mid-prefill) and ends with a verdict, SGLang
-    silent. Whether a run FAILs is a measured rate (docs/faults.md), printed, not asserted."""
+    lives at (abort-publish: cancels aborted by rid mid-prefill), SGLang silent, and the
+    sentinel inside it (on by default) fails the run on the wrong reads; whether the answers
+    alone would have is a measured rate (docs/faults.md), printed."""
     from kvdiag.engines.sglang.faults import FAULTS
 
     code, summary, err = _kvdiag("probe", "--target", f"sglang-local:{fault}", "--suite", "smoke",
                                  "--out", str(tmp_path / "p"))
+    sentinel = summary.get("sentinel") or {}
+    bad = sum(sentinel.get(k, 0) for k in ("foreign", "unwritten", "overwrite"))
     print("LIFECYCLE-PROBE", json.dumps({"fault": fault, "exit": code, "verdict": summary.get("verdict"),
-                                         "corrupted": summary.get("corrupted_requests")}))
-    assert code in (0, 1), err[-3000:]
-    assert summary["verdict"] in ("pass", "fail")
+                                         "corrupted": summary.get("corrupted_requests"),
+                                         "sentinel_bad": bad}))
     assert {r["event"]: r["reached"] for r in summary["events"]}[FAULTS[fault].event], summary["events"]
+    assert code == 1, err[-3000:]
+    assert summary["verdict"] == "fail" and bad > 0 and summary["reason"].startswith("sentinel: ")
     log = (tmp_path / "p" / "sglang.log").read_text(errors="replace")
     assert f"PLANTED FAULT {fault}" in log and "Traceback" not in log
 

@@ -80,3 +80,49 @@ def test_a_zeroed_block_under_a_reader_and_a_finished_writer(tmp_path):
     a.all_token_ids.append(5)
     run(s, sched, output(cached=[("a", [4], 8, 1, False)], zero=[2]))  # block 2 zeroed under a
     assert [(f.kind, f.positions) for f in found] == [("unwritten", [(4, 8)])]
+
+
+def test_a_vllm_whose_scheduler_output_lacks_a_field_is_refused_by_version(monkeypatch):
+    """Never a silent sentinel: a SchedulerOutput without what is read stops the plugin,
+    naming the vLLM version (a stand-in module: the field set is what is checked)."""
+    import dataclasses
+    import sys
+    import types
+
+    import pytest
+
+    from kvdiag.engines.vllm.sentinel import check_version
+
+    @dataclasses.dataclass
+    class SchedulerOutput:  # no num_scheduled_tokens
+        scheduled_new_reqs: list
+        scheduled_cached_reqs: object
+        finished_req_ids: set
+
+    @dataclasses.dataclass
+    class NewRequestData:
+        req_id: str
+        block_ids: tuple
+        num_computed_tokens: int
+
+    @dataclasses.dataclass
+    class CachedRequestData:
+        req_ids: list
+        new_block_ids: list
+        num_computed_tokens: list
+        resumed_req_ids: set
+
+    output = types.ModuleType("vllm.v1.core.sched.output")
+    output.SchedulerOutput, output.NewRequestData, output.CachedRequestData = (
+        SchedulerOutput, NewRequestData, CachedRequestData)
+    vllm = types.ModuleType("vllm")
+    vllm.__version__ = "9.9.9"
+    modules = {"vllm": vllm, "vllm.v1": types.ModuleType("vllm.v1"),
+               "vllm.v1.core": types.ModuleType("vllm.v1.core"),
+               "vllm.v1.core.sched": types.ModuleType("vllm.v1.core.sched"),
+               "vllm.v1.core.sched.output": output}
+    modules["vllm.v1.core.sched"].output = output
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    with pytest.raises(RuntimeError, match=r"vLLM 9\.9\.9.*SchedulerOutput\.num_scheduled_tokens"):
+        check_version()
