@@ -131,7 +131,8 @@ class Ledger:
         self.counters = Counters()
         self.writer_fp = np.zeros(1 << 16, dtype=np.int64)  # per slot; grows
         self.writer_id = np.full(1 << 16, -1, dtype=np.int64)  # index into self.names
-        self.names: list[str] = []
+        self.names: list[str] = []  # request number -> rid (about 100 bytes a request)
+        self.numbers: dict[str, int] = {}
         self.fate: dict[int, str] = {}  # request number -> cancelled / finished
         self.live: dict[str, _Request] = {}
         self.holders: dict[int, set[str]] = {}  # block id -> live requests that map it
@@ -139,10 +140,13 @@ class Ledger:
     # --- lifecycle of requests ------------------------------------------------------------
     def _request(self, rid: str) -> _Request:
         req = self.live.get(rid)
-        if req is None:
-            req = self.live[rid] = _Request(len(self.names))
-            self.names.append(rid)
-            self.counters.requests += 1
+        if req is None:  # new, or back after it left (SGLang's overlapped last step)
+            number = self.numbers.get(rid)
+            if number is None:
+                number = self.numbers[rid] = len(self.names)
+                self.names.append(rid)
+                self.counters.requests += 1
+            req = self.live[rid] = _Request(number)
         return req
 
     def finish(self, rid: str, cancelled: bool = False) -> None:
