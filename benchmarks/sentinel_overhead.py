@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import sys
 import tempfile
@@ -25,19 +26,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-async def traffic(base_url: str, model: str, sessions: int, rounds: int, tokens: int) -> None:
+async def traffic(base_url: str, model: str, sessions: int, rounds: int, tokens: int,
+                  vocab: int) -> None:
     import httpx
 
     rng = random.Random(0)
     async with httpx.AsyncClient(base_url=base_url, timeout=600) as client:
         async def session(k: int) -> None:
-            history = [rng.randrange(100, 2000) for _ in range(200 + 37 * k)]
+            history = [rng.randrange(10, vocab) for _ in range(200 + 37 * k)]
             for _ in range(rounds):
                 r = await client.post("/v1/completions", json={
                     "model": model, "prompt": history, "max_tokens": tokens, "temperature": 0,
-                    "return_token_ids": True})
-                r.raise_for_status()
-                history += [rng.randrange(100, 2000) for _ in range(tokens + rng.randrange(5, 60))]
+                    "ignore_eos": True})
+                if r.status_code != 200:
+                    raise SystemExit(f"the server answered {r.status_code}: {r.text[:300]}")
+                history += [rng.randrange(10, vocab) for _ in range(tokens + rng.randrange(5, 60))]
         await asyncio.gather(*(session(k) for k in range(sessions)))
 
 
@@ -48,8 +51,9 @@ def timed(sentinel: Path | None, args) -> float:
     with VllmLocal(CANARY, num_blocks=args.blocks, max_model_len=2048, sentinel=sentinel,
                    log_path=Path(tempfile.mkdtemp()) / "vllm.log") as server:
         t0 = time.perf_counter()
+        vocab = json.loads((CANARY / "config.json").read_text())["vocab_size"]
         asyncio.run(traffic(server.base_url, server.served_model, args.sessions, args.rounds,
-                            args.tokens))
+                            args.tokens, vocab))
         seconds = time.perf_counter() - t0
         time.sleep(1.0)  # the sentinel's last counters
     return seconds
