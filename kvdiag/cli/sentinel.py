@@ -28,7 +28,7 @@ def sentinel(
     step and event of each. Exit 0: reads checked, none bad; 1: bad reads; 2: no file, or
     nothing checked (no evidence).
 
-    Example: kvdiag sentinel /var/tmp/sentinel.jsonl --prom /var/lib/node_exporter/kvdiag.prom
+    Example: kvdiag sentinel sentinel.jsonl --prom textfile/kvdiag.prom
     """
     from kvdiag.runners.live.sentinel import observe
     from kvdiag.verdicts import judge_sentinel
