@@ -184,9 +184,22 @@ class Ledger:
             a[dst * bs:(dst + 1) * bs] = a[src * bs:(src + 1) * bs]
 
     def _map(self, rid: str, req: _Request, table: Sequence[int]) -> None:
-        """Point the request at `table`, keeping block -> holders in step."""
+        """Point the request at `table`, keeping block -> holders in step. A table that only
+        grew (a decode step, the next prefill chunk) costs only its new blocks."""
         table = list(table)
+        n = len(req.table)
         if table == req.table:
+            return
+        bs = self.block_size
+        if len(table) > n and table[:n] == req.table:
+            added = table[n:]
+            for i, b in enumerate(added, n):
+                self.holders.setdefault(b, set()).add(rid)
+                req.where[b] = i
+            tail = (np.asarray(added, dtype=np.int64)[:, None] * bs + np.arange(bs)).ravel()
+            req.slots = np.concatenate([req.slots, tail])
+            req.table = table
+            self._grow(int(tail.max()) + 1)
             return
         old, new = set(req.table), set(table)
         for b in old - new:
@@ -197,7 +210,6 @@ class Ledger:
                     del self.holders[b]
         for b in new - old:
             self.holders.setdefault(b, set()).add(rid)
-        bs = self.block_size
         req.table = table
         req.where = {b: i for i, b in enumerate(table)}
         req.slots = (np.asarray(table, dtype=np.int64)[:, None] * bs + np.arange(bs)).ravel()

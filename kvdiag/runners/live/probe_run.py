@@ -31,6 +31,7 @@ from kvdiag.runners.live.pressure import ServerCache, observe_recycling
 from kvdiag.runners.live.store import RoundStore
 from kvdiag.runners.live.tokenizer import RemoteTokenizer
 from kvdiag.runners.records import Record
+from kvdiag.sentinel.log import size_of
 
 
 @dataclass
@@ -111,7 +112,7 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
     kept = meta is not None and before is meta.get("metrics_before")
     meta = (meta if kept else fresh | {"metrics_after_shared": None}) | {"metrics_before": before}
     if settings.sentinel and "sentinel_since" not in meta:  # kept by a resumed run
-        meta["sentinel_since"] = S.begin(settings.sentinel)
+        meta["sentinel_since"] = size_of(settings.sentinel)  # where this run begins reading
     meta_path.write_text(json.dumps(meta, indent=2))
     try:
         after = asyncio.run(_phases(endpoint, plan, store, settings, salted, pressure, meta,

@@ -13,16 +13,11 @@ from pathlib import Path
 from kvdiag.errors import KvdiagError
 from kvdiag.record.sentinel import SentinelBlock, SentinelFinding, SentinelRound
 from kvdiag.runners.live import phases as P
-from kvdiag.sentinel.log import read_report, size_of
+from kvdiag.sentinel.log import read_report
 
 TAG = re.compile(r"kvdiag-[0-9a-f]{16}")
 FLUSH = 0.8  # seconds: longer than the sentinel's counters interval (kvdiag.sentinel.log)
 SHOWN = 20  # findings kept in summary.json (all of them stay in the sentinel's file)
-
-
-def begin(source: str | Path) -> int:
-    """Where this run starts reading the sentinel's file."""
-    return size_of(source)
 
 
 def _names(store) -> dict[str, tuple[str, int, int]]:
