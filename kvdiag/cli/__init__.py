@@ -21,6 +21,7 @@ from kvdiag.cli import (
     schema,
     sentinel,
     serve,
+    watch,
 )
 
 app = typer.Typer(
@@ -72,6 +73,7 @@ app.add_typer(fixtures.app, name="fixtures")
 app.add_typer(fleet.app, name="fleet")
 app.command("schema")(schema.schema)
 app.command("sentinel")(sentinel.sentinel)
+app.add_typer(watch.app, name="watch")
 
 
 def main() -> None:

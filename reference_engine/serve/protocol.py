@@ -17,11 +17,16 @@ class ChatMessage(_Base):
     content: StrictStr
 
 
+class StreamOptions(_Base):
+    include_usage: StrictBool = False  # a last chunk with no choices and the usage, as vLLM's
+
+
 class _Sampling(_Base):
     model: StrictStr
     max_tokens: StrictInt | None = None
     temperature: float | None = None  # accepted; the engine decodes greedily
     stream: StrictBool = False
+    stream_options: StreamOptions | None = None
     cache_salt: StrictStr | None = None
     n: StrictInt = 1
     ignore_eos: StrictBool = False  # vLLM's and SGLang's: decode all max_tokens past any stop token

@@ -115,7 +115,8 @@ async def chat_completion(rid, model, stream, tok, top, n_prompt):
             "usage": _usage(seq, n_prompt)}
 
 
-async def completion_chunks(rid, model, stream, tok, logprobs):
+async def completion_chunks(rid, model, stream, tok, logprobs, usage_of=None):
+    """`usage_of`: the prompt's length, when the client asked for stream_options.include_usage."""
     async for item in stream:
         base = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model}
         if hasattr(item, "token_id"):
@@ -126,9 +127,11 @@ async def completion_chunks(rid, model, stream, tok, logprobs):
         else:
             yield base | {"choices": [{"index": 0, "text": "", "logprobs": None,
                                        "finish_reason": item.finish_reason}]}
+            if usage_of is not None:
+                yield base | {"choices": [], "usage": _usage(item, usage_of)}
 
 
-async def chat_chunks(rid, model, stream, tok, top):
+async def chat_chunks(rid, model, stream, tok, top, usage_of=None):
     first = True
     async for item in stream:
         base = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
@@ -141,3 +144,5 @@ async def chat_chunks(rid, model, stream, tok, top):
         else:
             yield base | {"choices": [{"index": 0, "delta": {}, "logprobs": None,
                                        "finish_reason": item.finish_reason}]}
+            if usage_of is not None:
+                yield base | {"choices": [], "usage": _usage(item, usage_of)}

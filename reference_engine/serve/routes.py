@@ -159,6 +159,11 @@ def prometheus(request: Request):
     return PlainTextResponse(served(request).metrics.render(), media_type="text/plain; version=0.0.4")
 
 
+def _usage_of(req, ids: list[int]) -> int | None:
+    """The prompt's length when a streaming client asked for its usage, else None."""
+    return len(ids) if req.stream_options is not None and req.stream_options.include_usage else None
+
+
 @router.post("/v1/completions", openapi_extra=body(CompletionRequest))
 async def completions(request: Request):
     s, req = await accept(request, CompletionRequest)
@@ -168,7 +173,8 @@ async def completions(request: Request):
     stream = s.core.submit(ids, req.max_tokens or 16, req.cache_salt, req.logprobs, s.adapter(req.model),
                            req.ignore_eos, rid)
     if req.stream:
-        return sse(completion_chunks(rid, s.model_name, stream, s.tok, req.logprobs), stream)
+        return sse(completion_chunks(rid, s.model_name, stream, s.tok, req.logprobs,
+                                     _usage_of(req, ids)), stream)
     return await unless_disconnected(
         request, stream, completion(rid, s.model_name, stream, s.tok, req.logprobs, len(ids)))
 
@@ -184,6 +190,6 @@ async def chat(request: Request):
     stream = s.core.submit(ids, max(1, limit), req.cache_salt, top, s.adapter(req.model),
                            req.ignore_eos, rid)
     if req.stream:
-        return sse(chat_chunks(rid, s.model_name, stream, s.tok, top), stream)
+        return sse(chat_chunks(rid, s.model_name, stream, s.tok, top, _usage_of(req, ids)), stream)
     return await unless_disconnected(
         request, stream, chat_completion(rid, s.model_name, stream, s.tok, top, len(ids)))

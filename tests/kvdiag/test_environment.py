@@ -8,7 +8,11 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+import pytest
+
 from kvdiag.record.environment import describe_environment, git_commit
+
+pytestmark = pytest.mark.e2e  # starts a server, a CLI subprocess or a browser
 
 ROOT = Path(__file__).resolve().parents[2]
 

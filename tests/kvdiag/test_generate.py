@@ -15,6 +15,8 @@ from kvdiag.cli import app
 from reference_engine import allocators
 from tests.kvdiag.serving import served
 
+pytestmark = pytest.mark.e2e  # starts a server, a CLI subprocess or a browser
+
 CANARY = Path(__file__).resolve().parents[2] / "fixtures" / "canary"
 ALL = allocators.available() + ["guarded:stale-bytes"]
 

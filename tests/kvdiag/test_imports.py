@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.e2e  # starts a server, a CLI subprocess or a browser
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("kvdiag", "reference_engine")
 

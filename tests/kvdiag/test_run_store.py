@@ -18,6 +18,8 @@ from kvdiag.paths import REPO_ROOT
 from tests.kvdiag.commands.test_regress import TINY
 from tests.kvdiag.serving import served
 
+pytestmark = pytest.mark.e2e  # starts a server, a CLI subprocess or a browser
+
 CAPSH = shutil.which("capsh")
 needs_capsh = pytest.mark.skipif(CAPSH is None or os.geteuid() != 0,
                                  reason="needs root and capsh to drop CAP_DAC_OVERRIDE")

@@ -14,6 +14,8 @@ from reference_engine.allocators.base import MatchResult, NoFreeBlocks, PrefixCa
 from reference_engine.errors import UnknownAllocatorError
 from reference_engine.sequence import Sequence
 
+pytestmark = pytest.mark.e2e  # starts a server, a CLI subprocess or a browser
+
 
 def test_registry_validates_names_without_importing_torch():
     code = (

@@ -34,6 +34,7 @@ def _foreign_sessions(turns) -> int:
     return sum(any(t.stats.foreign_slots > 0 for t in ts) for ts in turns.values())
 
 
+@pytest.mark.e2e  # the engine over the whole trigger: e2e tier
 def test_stale_hash_reads_foreign_slots_under_the_trigger(tiny_ckpt, trigger):
     schedule, reference = trigger
     assert any(p == 4095 and q == 4112 for s in schedule.prompt_lengths for p, q in zip(s, s[1:]))
@@ -47,6 +48,7 @@ def test_stale_hash_reads_foreign_slots_under_the_trigger(tiny_ckpt, trigger):
         engine.allocator.check_integrity()  # the leftover entries the fault leaves behind
 
 
+@pytest.mark.e2e  # the engine over the whole trigger: e2e tier
 def test_guard_removes_the_fault_on_the_trigger(tiny_ckpt, trigger):
     schedule, reference = trigger
     checks = []
@@ -60,6 +62,7 @@ def test_guard_removes_the_fault_on_the_trigger(tiny_ckpt, trigger):
             assert t.stats.attention_leakage == 0.0
 
 
+@pytest.mark.e2e  # the engine over the whole trigger, per condition: e2e tier
 @pytest.mark.parametrize("condition", [pytest.param("no-caching", marks=pytest.mark.slow),  # ~95 s
                                        pytest.param("no-jump", marks=pytest.mark.slow),  # ~30 s
                                        pytest.param("uniform", marks=pytest.mark.slow),  # ~25 s

@@ -3,10 +3,13 @@ forces recycling and preemption, against the contiguous reference mode."""
 
 import dataclasses
 
+import pytest
+
 from kvdiag.planning.scenarios import make_schedule
 from tests.sessions_util import answer_lengths, paged_turns, reference_turns
 
 
+@pytest.mark.slow  # over 30 s on 2 cores
 def test_paged_sessions_equal_contiguous_reference(tiny_ckpt):
     answers = answer_lengths(16, 12, long_every=3, long=48)  # long answers: decode needs blocks
     schedule = make_schedule("trigger", answers, min_user=6)

@@ -118,7 +118,8 @@ class Endpoint(ServerIdentity):
             raise EndpointError(f"/tokenize answered HTTP {r.status_code}: {r.text[:200]}")
         return r.json()["tokens"]
 
-    async def _generate(self, path: str, what: str, cache_salt: str | None, body: dict) -> dict:
+    async def _generate(self, path: str, what: str, cache_salt: str | None, body: dict,
+                        auth: str | None = None) -> dict:
         """POST a generation request (with `cache_salt` when given) under an X-Request-Id of
         its own, which engines put in their request id (a sentinel's findings name it); its
         JSON, with that id under REQUEST_ID, or EndpointError."""
@@ -127,7 +128,8 @@ class Endpoint(ServerIdentity):
         rid = f"kvdiag-{uuid.uuid4().hex[:16]}"
         if self.abort_api:  # a server that takes its client's rid (SGLang) names it so
             body.setdefault("rid", rid)
-        r = await self._async("POST", path, json=body, headers={"X-Request-Id": rid})
+        headers = {"X-Request-Id": rid} | ({"Authorization": auth} if auth else {})
+        r = await self._async("POST", path, json=body, headers=headers)
         if r.status_code != 200:
             raise EndpointError(f"{what} answered HTTP {r.status_code}: {r.text[:300]}")
         return r.json() | {REQUEST_ID: rid}
@@ -136,18 +138,9 @@ class Endpoint(ServerIdentity):
                    top_logprobs: int = 5, model: str | None = None) -> ChatResult:
         """One greedy chat completion; `model`: an adapter the server serves, instead of the
         endpoint's model."""
-        sent = time.time()
-        data = await self._generate("/v1/chat/completions", "chat completion", cache_salt, {
+        return await self.generate("/v1/chat/completions", {
             "model": model or self.model, "messages": messages, "max_tokens": max_tokens,
-            "temperature": 0.0, "logprobs": True, "top_logprobs": top_logprobs})
-        choice = data["choices"][0]
-        content = (choice.get("logprobs") or {}).get("content") or []
-        return _timed(ChatResult(
-            text=choice["message"].get("content") or "",
-            tokens=[c["token"] for c in content],
-            top=[[(t["token"], t["logprob"]) for t in c.get("top_logprobs") or []] for c in content],
-            logprobs=[c["logprob"] for c in content], finish_reason=choice.get("finish_reason"),
-            **_usage(data)), sent)
+            "temperature": 0.0, "logprobs": True, "top_logprobs": top_logprobs}, cache_salt)
 
     async def complete(self, token_ids: list[int], max_tokens: int, *, cache_salt: str | None = None,
                        top_logprobs: int = 5, model: str | None = None,
@@ -155,18 +148,21 @@ class Endpoint(ServerIdentity):
         """One greedy completion of a prompt given as token ids (/v1/completions, legacy
         logprobs): the differential and lifecycle phases' requests, free of any chat
         template. `ignore_eos`: decode all `max_tokens` (vLLM's and SGLang's extra parameter)."""
-        sent = time.time()
-        data = await self._generate("/v1/completions", "completion", cache_salt, {
+        return await self.generate("/v1/completions", {
             "model": model or self.model, "prompt": list(token_ids), "max_tokens": max_tokens,
-            "temperature": 0.0, "logprobs": top_logprobs} | ({"ignore_eos": True} if ignore_eos else {}))
-        choice = data["choices"][0]
-        lp = choice.get("logprobs") or {}
-        tops = lp.get("top_logprobs") or []
-        return _timed(ChatResult(
-            text=choice.get("text") or "", tokens=list(lp.get("tokens") or []),
-            top=[sorted((top or {}).items(), key=lambda kv: -kv[1]) for top in tops],
-            logprobs=[x if x is not None else 0.0 for x in lp.get("token_logprobs") or []],
-            finish_reason=choice.get("finish_reason"), **_usage(data)), sent)
+            "temperature": 0.0, "logprobs": top_logprobs} | ({"ignore_eos": True} if ignore_eos else {}),
+            cache_salt)
+
+    async def generate(self, path: str, body: dict, cache_salt: str | None = None,
+                       auth: str | None = None) -> ChatResult:
+        """Any body for /v1/chat/completions or /v1/completions (non-streaming), its answer
+        read the same way (kvdiag watch re-sends a client's own prompt fields so, under the
+        client's own Authorization, `auth`)."""
+        sent = time.time()
+        chat = path.endswith("chat/completions")
+        data = await self._generate(path, "chat completion" if chat else "completion",
+                                    cache_salt, dict(body), auth)
+        return _timed((_chat_result if chat else _completion_result)(data), sent)
 
     async def prompt_logprobs(self, token_ids: list[int], *, cache_salt: str | None = None,
                               model: str | None = None) -> ChatResult:
@@ -259,6 +255,28 @@ def _usage(data: dict) -> dict:
             "completion_tokens": int(usage.get("completion_tokens") or 0),
             "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
             "request_id": data.get(REQUEST_ID, "")}
+
+
+def _chat_result(data: dict) -> ChatResult:
+    choice = data["choices"][0]
+    content = (choice.get("logprobs") or {}).get("content") or []
+    return ChatResult(
+        text=(choice.get("message") or {}).get("content") or "",
+        tokens=[c["token"] for c in content],
+        top=[[(t["token"], t["logprob"]) for t in c.get("top_logprobs") or []] for c in content],
+        logprobs=[c["logprob"] for c in content], finish_reason=choice.get("finish_reason"),
+        **_usage(data))
+
+
+def _completion_result(data: dict) -> ChatResult:
+    choice = data["choices"][0]
+    lp = choice.get("logprobs") or {}
+    tops = lp.get("top_logprobs") or []
+    return ChatResult(
+        text=choice.get("text") or "", tokens=list(lp.get("tokens") or []),
+        top=[sorted((top or {}).items(), key=lambda kv: -kv[1]) for top in tops],
+        logprobs=[x if x is not None else 0.0 for x in lp.get("token_logprobs") or []],
+        finish_reason=choice.get("finish_reason"), **_usage(data))
 
 
 def _timed(result: ChatResult, sent: float) -> ChatResult:

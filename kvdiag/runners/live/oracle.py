@@ -61,19 +61,30 @@ class Sent:
     sent: float
     done: float
     cached: int | None
-    out: int = 0  # tokens generated, as usage.completion_tokens counts them (ids unknown)
+    out: int | None = 0  # tokens generated, as usage.completion_tokens counts them (ids
+    # unknown); None: still generating, so any length
 
 
 @dataclass
 class _Node:
     children: dict[tuple[int, ...], _Node] = field(default_factory=dict)
     count: int = 0
-    ends: list[tuple[tuple[int, ...], int, int, object]] = field(default_factory=list)
+    ends: list[list] = field(default_factory=list)  # [tail ids, len, out, key]
 
 
-class _Trie:
+class PrefixTrie:
+    """The requests of one namespace, for reach(); online use (kvdiag watch) inserts at send,
+    sets the output length at completion (None until then: unbounded) and removes the oldest."""
+
     def __init__(self, block: int) -> None:
         self.block, self.root = block, _Node()
+
+    def _path(self, ids: tuple[int, ...]) -> list[tuple[_Node, tuple[int, ...]]]:
+        b, node, path = self.block, self.root, []
+        for i in range(len(ids) // b):
+            path.append((node, ids[i * b:(i + 1) * b]))
+            node = node.children[path[-1][1]]
+        return path
 
     def insert(self, req: Sent) -> None:
         node, ids, b = self.root, req.ids, self.block
@@ -81,7 +92,26 @@ class _Trie:
         for i in range(full):
             node = node.children.setdefault(ids[i * b:(i + 1) * b], _Node())
             node.count += 1
-        node.ends.append((ids[full * b:], len(ids), req.out, req.key))
+        node.ends.append([ids[full * b:], len(ids), req.out, req.key])
+
+    def _ends(self, req: Sent) -> list[list]:
+        path = self._path(req.ids)
+        return path[-1][0].children[path[-1][1]].ends if path else self.root.ends
+
+    def set_out(self, req: Sent, out: int) -> None:
+        for end in self._ends(req):
+            if end[3] == req.key:
+                end[2] = out
+
+    def remove(self, req: Sent) -> None:
+        ends = self._ends(req)
+        ends[:] = [e for e in ends if e[3] != req.key]
+        for parent, block in self._path(req.ids):
+            child = parent.children[block]
+            child.count -= 1
+            if child.count == 0:  # only this request passed here: its whole subtree goes
+                del parent.children[block]
+                break
 
     def reach(self, req: Sent) -> int:
         """max over the other requests held of reach(req, Y) (the module docstring)."""
@@ -94,7 +124,7 @@ class _Trie:
                 common = _lcp(rest, tail)
                 best = max(best, depth * b + common)
                 if common == len(tail) and len(ids) > length:
-                    best = max(best, length + out)  # X extends Y: Y's output may match too
+                    best = max(best, length + (len(ids) if out is None else out))  # X extends Y: Y's output may match too
             child = node.children.get(rest) if len(rest) == b else None
             if child is not None and child.count >= 2:  # another request passes here too
                 node, depth = child, depth + 1
@@ -124,13 +154,13 @@ def bounds(requests: Iterable[Sent], rule: HitRule, resets: Iterable[float] = ()
     events = [(t, 0, None) for t in resets]
     events += [(r.sent, 1, r) for r in requests] + [(r.done, 2, r) for r in requests]
     events.sort(key=lambda e: (e[0], e[1]))
-    tries: dict[tuple, _Trie] = {}
+    tries: dict[tuple, PrefixTrie] = {}
     out: dict[object, int] = {}
     for _, kind, req in events:
         if kind == 0:
             tries.clear()
         elif kind == 1:
-            tries.setdefault(req.namespace, _Trie(block)).insert(req)
+            tries.setdefault(req.namespace, PrefixTrie(block)).insert(req)
         else:
             trie = tries.get(req.namespace)
             reach = trie.reach(req) if trie is not None else 0

@@ -9,6 +9,8 @@ from typer.testing import CliRunner
 
 from kvdiag.cli import app
 
+pytestmark = pytest.mark.e2e  # starts a server, a CLI subprocess or a browser
+
 HEAVY = ("torch", "pandas", "spacy", "matplotlib", "transformers", "sacrebleu", "vllm", "fastapi")
 
 

@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from typer.testing import CliRunner
 
 from kvdiag.cli import app
@@ -21,6 +22,8 @@ from tests.kvdiag.commands.test_probe import _server_args
 from tests.kvdiag.commands.test_probe_sessions import conversations
 from tests.kvdiag.schema_util import assert_valid_summary
 from tests.kvdiag.serving import served
+
+pytestmark = pytest.mark.e2e  # starts a server, a CLI subprocess or a browser
 
 
 def test_the_worst_target_decides_and_nothing_measured_is_an_error():
@@ -43,6 +46,7 @@ def test_bad_targets_are_refused_before_any_server(tmp_path):
     assert not (tmp_path / "never").exists()
 
 
+@pytest.mark.slow  # 18-28 s on 2 cores: make test stays near 400 s
 def test_healthy_and_faulty_on_one_page(tmp_path):
     path = tmp_path / "mine.jsonl"
     path.write_text("".join(json.dumps({"messages": c}) + "\n" for c in conversations()))

@@ -13,9 +13,13 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
+import pytest
+
 from tests.kvdiag.commands.test_regress import TINY
 from tests.kvdiag.schema_util import assert_valid_summary
 from tests.kvdiag.serving import served
+
+pytestmark = pytest.mark.e2e  # starts a server, a CLI subprocess or a browser
 
 # TINY with a pool big enough that nothing is ever recycled (and no probe pressure)
 BIG_POOL = TINY.replace("  - name: trigger\n", "  - name: trigger\n    condition: big-pool\n")
@@ -64,6 +68,7 @@ def _assert_inconclusive_everywhere(tmp_path, out, console, as_json) -> None:
     assert ">PASS<" not in page and 'class="badge">PASS' not in page
 
 
+@pytest.mark.slow  # 18-28 s on 2 cores: make test stays near 400 s
 def test_regress_against_a_buggy_allocator_whose_pool_never_recycles(tmp_path):
     out, console = _regress(tmp_path, "reference:buggy")
     _, as_json = _regress(tmp_path, "reference:buggy", json_out=True)
@@ -86,6 +91,7 @@ def _assert_no_baseline_without_force(tmp_path, out) -> None:
     assert rows == [("inconclusive", 1)]
 
 
+@pytest.mark.slow  # over 30 s on 2 cores
 def test_regress_against_a_live_server_that_never_recycles(tmp_path):
     with served("--allocator", "guarded", "--max-model-len", "2048", "--num-blocks", "3000",
                 timeout=600) as (url, _):

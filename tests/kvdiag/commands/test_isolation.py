@@ -26,6 +26,8 @@ from kvdiag.verdicts import Verdict, judge_isolation
 from tests.kvdiag import summaries
 from tests.kvdiag.serving import free_port, served
 
+pytestmark = pytest.mark.e2e  # starts a server, a CLI subprocess or a browser
+
 LENGTHS = "16,256,2048"  # one block, a few, and a prefix whose cached prefill is much faster
 
 

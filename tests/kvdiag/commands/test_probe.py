@@ -23,6 +23,8 @@ from tests.kvdiag.serving import (
     smoke_pool,
 )
 
+pytestmark = pytest.mark.e2e  # starts a server, a CLI subprocess or a browser
+
 
 def _server_args(allocator: str) -> list[str]:
     return ["--allocator", allocator, "--num-blocks", str(smoke_pool()), "--max-num-seqs", "16",

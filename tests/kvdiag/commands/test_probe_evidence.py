@@ -14,6 +14,8 @@ import pytest
 from tests.kvdiag.proxy import proxied
 from tests.kvdiag.serving import served, smoke_pool
 
+pytestmark = pytest.mark.e2e  # starts a server, a CLI subprocess or a browser
+
 
 def _server(allocator: str) -> list[str]:
     return ["--allocator", allocator, "--num-blocks", str(smoke_pool()), "--max-num-seqs", "16",
@@ -29,9 +31,15 @@ def _probe(url: str, out, *extra: str, timeout: float = 600) -> tuple[subprocess
 
 # key-coverage members, none of them a catalog entry: a key that leaves out one slot (first,
 # middle), a range of slots, or the parent chain; the healthy allocator must pass
-@pytest.mark.parametrize("allocator,over", [("prefix-cache", False), ("key-omits:0", True),
-                                            ("key-omits:9", True), ("key-omits:4-11", True),
-                                            ("unchained-hash", True)])
+# (three members run in the slow tier, so make test stays near 400 s: one faulty member and
+# the healthy allocator are enough for every landing)
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("allocator,over", [
+    ("prefix-cache", False), pytest.param("key-omits:0", True, marks=SLOW),
+    pytest.param("key-omits:9", True, marks=SLOW), pytest.param("key-omits:4-11", True, marks=SLOW),
+    ("unchained-hash", True)])
 def test_the_differential_phase_catches_the_key_coverage_family(tmp_path, allocator, over):
     """The sentinel inside the server (kvdiag serve --sentinel) sees every wrong hit too: a
     block served under a key that left part of it out holds another prefix's K/V."""
@@ -70,6 +78,7 @@ def _assert_unproved(run, summary, isolated_at_least: int) -> None:
     assert not summary["key_coverage"]["oracle"]["available"]  # nothing to hold a bound against
 
 
+@pytest.mark.slow  # over 30 s on 2 cores
 def test_a_server_that_reports_no_cached_tokens_is_not_a_pass(tmp_path):
     """Behind a proxy that drops usage.prompt_tokens_details, a healthy server's probe cannot
     check its ground truth: exit 2 naming the flags, never 0, and the oracle is unavailable

@@ -14,6 +14,8 @@ import pytest
 from kvdiag.vocab import EVENTS
 from tests.kvdiag.serving import served, smoke_pool
 
+pytestmark = pytest.mark.e2e  # starts a server, a CLI subprocess or a browser
+
 CHUNK = 128  # one request's prefill chunk on these servers (a step's budget is 512)
 
 
@@ -30,6 +32,7 @@ def _probe(url: str, out, *extra: str) -> tuple[subprocess.CompletedProcess, dic
     return run, json.loads(run.stdout) if run.stdout.strip() else {}
 
 
+@pytest.mark.slow  # over 30 s on 2 cores each
 @pytest.mark.parametrize("allocator,lifecycle", [("ref-undercount", False), ("publish-early", True)])
 def test_lifecycle_faults_fail_with_every_event_reached(tmp_path, allocator, lifecycle):
     with served(*_server(allocator)) as (url, _):
@@ -47,6 +50,7 @@ def test_lifecycle_faults_fail_with_every_event_reached(tmp_path, allocator, lif
         assert "lifecycle " in summary["reason"], summary["reason"]
 
 
+@pytest.mark.slow  # over 30 s on 2 cores
 def test_a_required_event_the_server_cannot_reach_makes_the_run_inconclusive(tmp_path):
     # the default chunk (8192 tokens) is longer than this server's context: no chunked prefill
     args = _server("prefix-cache")[:-4]

@@ -10,8 +10,11 @@ import subprocess
 import sys
 
 import pandas as pd
+import pytest
 
 from tests.kvdiag.serving import served
+
+pytestmark = pytest.mark.e2e  # starts a server, a CLI subprocess or a browser
 
 PEOPLE = (("Ada Lovelace", "Lisbon"), ("Grace Hopper", "Osaka"), ("Alan Turing", "Toronto"))
 
@@ -51,6 +54,7 @@ def run_text(run_dir) -> str:
     return "\n".join(texts)
 
 
+@pytest.mark.slow  # 18-28 s on 2 cores: make test stays near 400 s
 def test_no_text_probe_keeps_no_sentence_of_the_file(tmp_path):
     chats = conversations()
     path = tmp_path / "mine.jsonl"

@@ -21,6 +21,8 @@ from kvdiag.regress import history as H
 from tests.kvdiag.regress_cli import command, make_app
 from tests.kvdiag.serving import served, sigkill_when
 
+pytestmark = pytest.mark.e2e  # starts a server, a CLI subprocess or a browser
+
 # A few seconds' suite for the tests that need a run but not the trigger's decay.
 TINY = """name: tiny
 style: canary

@@ -13,6 +13,8 @@ from typer.testing import CliRunner
 
 from kvdiag.cli import app
 
+pytestmark = pytest.mark.e2e  # starts a server, a CLI subprocess or a browser
+
 
 @pytest.fixture(scope="module")
 def reproduced(reproduce_run):
@@ -95,6 +97,7 @@ def test_a_trigger_not_reproduced_is_no_pass(tmp_path):
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["verdict"] == "inconclusive"
 
 
+@pytest.mark.slow  # over 30 s on 2 cores
 def test_verify_catches_stale_bytes_in_process(tmp_path):
     """Fault class 2 (stale bytes read where nothing was written) fails the guard gate, in
     process on the smoke suite; the slow test below runs the rest of the gate matrix."""
@@ -125,6 +128,7 @@ def _kvdiag(*args):
                           timeout=900)
 
 
+@pytest.mark.slow  # 18-28 s on 2 cores: make test stays near 400 s
 def test_verify_as_a_subprocess(tmp_path):
     """The real command, its log lines and exit codes (smoke suite; the slow tests run buggy
     and the default suite)."""
@@ -178,6 +182,7 @@ def test_check_integrity_on_the_default_case(tmp_path):
     assert buggy.returncode == 1 and "stale hash entry" in buggy.stderr, buggy.stderr[-2000:]
 
 
+@pytest.mark.slow  # 18-28 s on 2 cores: make test stays near 400 s
 def test_allocators_side_by_side_give_what_they_give_in_turn(monkeypatch):
     """On CPU run_case runs the allocators in threads, each single-threaded: every record and
     each allocator's engine log equal those of a run in turn (KVDIAG_ALLOCATOR_WORKERS=1)."""

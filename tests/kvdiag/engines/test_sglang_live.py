@@ -22,6 +22,8 @@ from kvdiag.errors import KvdiagError
 from kvdiag.paths import CANARY
 from tests.kvdiag.serving import assert_died_and_kept, probe_until_server_dies, resumed_keys
 
+pytestmark = pytest.mark.e2e  # starts a server, a CLI subprocess or a browser
+
 needs_sglang = pytest.mark.skipif(not sglang_available(), reason="no SGLang env: make sglang-cpu-env")
 live = [pytest.mark.slow, pytest.mark.sglang_live, needs_sglang]
 POOL = 11000  # tokens: the smoke suite's sessions recycle in it (the stale-node fault needs it)

@@ -17,6 +17,8 @@ from kvdiag.engines.spec import ENGINES, engine_spec
 from kvdiag.errors import KvdiagError
 from kvdiag.targets import parse_target
 
+pytestmark = pytest.mark.e2e  # starts a server, a CLI subprocess or a browser
+
 ROOT = Path(__file__).resolve().parents[3]
 
 

@@ -16,6 +16,8 @@ from kvdiag.runners.live.identity import VLLM_COUNTERS
 from kvdiag.runners.live.pressure import observe_recycling, pressure_sessions
 from reference_engine.util import cdiv
 
+pytestmark = pytest.mark.e2e  # starts a server, a CLI subprocess or a browser
+
 
 def test_unknown_fault_is_refused_before_anything_starts(tmp_path):
     with pytest.raises(KvdiagError, match="unknown vLLM fault 'nope'"):

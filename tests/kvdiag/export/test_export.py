@@ -24,6 +24,8 @@ from kvdiag.vocab import BRAI_MAX as BRAI_ALERT
 from tests.kvdiag.regress_cli import command, make_app
 from tests.kvdiag.serving import free_port
 
+pytestmark = pytest.mark.e2e  # starts a server, a CLI subprocess or a browser
+
 RULES = REPO_ROOT / "deploy" / "prometheus" / "kvdiag-rules.yaml"
 DASHBOARD = REPO_ROOT / "deploy" / "grafana" / "kvdiag.json"
 LABELS = {"model_name", "engine", "suite", "target"}
@@ -140,11 +142,14 @@ def test_rules_match_the_code():
     sqdr, brai = rules["KvdiagSessionQualityDecay"], rules["KvdiagBlockReuseAnomaly"]
     assert sqdr["expr"] == f"kvdiag_sqdr > {SQDR_ALERT}" and sqdr["for"] == "5m"
     assert brai["expr"] == f"kvdiag_brai > {BRAI_ALERT}"
-    docs = (REPO_ROOT / "docs" / "regression.md").read_text()
+    watch_sqdr, over_hit = rules["KvdiagWatchSessionQualityDecay"], rules["KvdiagWatchOverHit"]
+    assert watch_sqdr["expr"] == f"kvdiag_watch_sqdr > {SQDR_ALERT}" and watch_sqdr["for"] == "5m"
+    assert over_hit["expr"] == "increase(kvdiag_watch_over_hits_total[5m]) > 0"
     for rule in rules.values():
         assert {"summary", "description", "runbook_url"} <= set(rule["annotations"])
-        url = rule["annotations"]["runbook_url"]
-        assert url.startswith("docs/regression.md#") and f"name=\"{url.split('#')[1]}\"" in docs
+        doc, anchor = rule["annotations"]["runbook_url"].split("#")
+        assert doc in ("docs/regression.md", "docs/watch.md")
+        assert f"name=\"{anchor}\"" in (REPO_ROOT / doc).read_text()
 
 
 needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None,
@@ -159,14 +164,15 @@ def test_promtool_checks_the_rules():
     assert f"SUCCESS: {len(rules)} rules found" in run.stdout  # promtool read every rule
 
 
-def _annotations(alert: str, value: str) -> dict:
+def _annotations(alert: str, value: str, labels: dict | None = None) -> dict:
     """The rule's annotations as Prometheus renders them for the test series below (the
     templates used here are only $labels.X and `$value | printf "%.4f"`)."""
     import re
 
     rule = next(r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]
                 if r.get("alert") == alert)
-    labels = {"model_name": "m", "engine": "vllm", "suite": "weekly", "target": "http://gpu-01:8000"}
+    labels = labels or {"model_name": "m", "engine": "vllm", "suite": "weekly",
+                        "target": "http://gpu-01:8000"}
 
     def render(text: str) -> str:
         text = re.sub(r"\{\{ \$value \| printf \"%\.4f\" \}\}", value, text)
@@ -197,6 +203,23 @@ def test_promtool_rule_tests(tmp_path):
                                "suite": "weekly", "target": "http://gpu-01:8000"},
                 "exp_annotations": _annotations("KvdiagBlockReuseAnomaly", "0.0700")}]},
         ],
+    }, {
+        "interval": "1m",  # kvdiag watch: an SQDR held 5 minutes fires, one over-hit fires
+        "input_series": [
+            {"series": 'kvdiag_watch_sqdr{instance="proxy:8100"}', "values": "0.03x10"},
+            {"series": 'kvdiag_watch_over_hits_total{instance="proxy:8100"}', "values": "0 0 0 1 1 1 1 1 1 1 1"},
+        ],
+        "alert_rule_test": [
+            {"eval_time": "3m", "alertname": "KvdiagWatchSessionQualityDecay", "exp_alerts": []},
+            {"eval_time": "7m", "alertname": "KvdiagWatchSessionQualityDecay", "exp_alerts": [{
+                "exp_labels": {"severity": "critical", "instance": "proxy:8100"},
+                "exp_annotations": _annotations("KvdiagWatchSessionQualityDecay", "0.0300",
+                                                {"instance": "proxy:8100"})}]},
+            {"eval_time": "2m", "alertname": "KvdiagWatchOverHit", "exp_alerts": []},
+            {"eval_time": "4m", "alertname": "KvdiagWatchOverHit", "exp_alerts": [{
+                "exp_labels": {"severity": "critical", "instance": "proxy:8100"},
+                "exp_annotations": _annotations("KvdiagWatchOverHit", "1", {"instance": "proxy:8100"})}]},
+        ],
     }]}
     path = tmp_path / "rules-test.yaml"
     path.write_text(yaml.safe_dump(tests))
@@ -213,6 +236,17 @@ def test_grafana_dashboard():
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids)) and dash["uid"] == "kvdiag-regression"
     assert {v["name"] for v in dash["templating"]["list"]} >= {"datasource", "suite", "model_name"}
+
+
+def test_the_watch_dashboard_reads_every_watch_metric_the_proxy_serves():
+    from kvdiag.watch.metrics import WatchMetrics
+
+    served = {line.split()[0].split("{")[0] for line in WatchMetrics().render().decode().splitlines()
+              if line and not line.startswith("#") and not line.split()[0].endswith("_created")}
+    dash = json.loads((REPO_ROOT / "deploy" / "grafana" / "kvdiag-watch.json").read_text())
+    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
+    missing = {m for m in served if m.replace("_total", "") not in exprs}
+    assert not missing and dash["uid"] == "kvdiag-watch"
 
 
 SCHEMA_1 = """

@@ -23,6 +23,8 @@ from kvdiag.fleet.cell import PID_DIR_ENV, CellTimeout, _time_limit
 from tests.kvdiag.commands.test_regress import TINY
 from tests.kvdiag.serving import free_port, served, smoke_pool
 
+pytestmark = pytest.mark.e2e  # starts a server, a CLI subprocess or a browser
+
 needs_ray = pytest.mark.skipif(
     subprocess.run([sys.executable, "-c", "import ray"], capture_output=True).returncode != 0,
     reason="ray is not installed (pip install 'kvdiag[fleet]', or make test-fleet)")

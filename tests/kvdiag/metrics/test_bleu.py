@@ -13,6 +13,8 @@ import pytest
 
 from kvdiag.metrics.bleu import Bleu4, bleu_signature, corpus_bleu
 
+pytestmark = pytest.mark.e2e  # starts a server, a CLI subprocess or a browser
+
 CLI = Path(sys.executable).parent / "sacrebleu"
 HYPS = ["the cat sat on a mat today", "hello world how are they", "paged attention keeps "
         "its KV cache in fixed size blocks", "", "a b c d e f"]

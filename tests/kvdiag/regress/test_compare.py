@@ -1,6 +1,6 @@
 """A regression comparison never covers less than the baseline silently: what the baseline
 measured and the run did not (a case, a round, a metric) is listed, and the judge makes it an
-error (tests/kvdiag/test_verdicts.py)."""
+error (tests/kvdiag/verdicts/test_verdicts.py)."""
 
 from __future__ import annotations
 

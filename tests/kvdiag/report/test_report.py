@@ -20,6 +20,8 @@ from kvdiag.report import render_report, write_report
 from kvdiag.report.meaning import rerun_command
 from tests.kvdiag.summaries import reproduce
 
+pytestmark = pytest.mark.e2e  # starts a server, a CLI subprocess or a browser
+
 CHROMIUM = Path("/usr/bin/chromium")
 WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa",
          "lambda", "mu", "nu", "xi")
@@ -241,7 +243,7 @@ def test_verdict_is_said_in_words_next_to_the_badge() -> None:
     """The badge and its sentence are the judge's verdict and reason, for every verdict."""
     from kvdiag.record.summary import ReproduceSummary
     from kvdiag.verdicts import Verdict, judge_probe
-    from tests.kvdiag.test_verdicts import evidence
+    from tests.kvdiag.verdicts.test_verdicts import evidence
 
     results = synthetic_results(sessions=2, rounds=3)
     probe = judge_probe(evidence(divergences=[("2", 5.0), ("3", 5.0), ("3", 9.0)]))

@@ -17,6 +17,7 @@ def trigger(tiny_ckpt):
     return schedule, reference_turns(tiny_ckpt, schedule)
 
 
+@pytest.mark.e2e  # the engine over the whole trigger: e2e tier
 @pytest.mark.parametrize("allocator", ["stale-hash", "guarded"])
 def test_the_sentinel_agrees_with_the_engines_ledger(tiny_ckpt, trigger, allocator):
     schedule, reference = trigger

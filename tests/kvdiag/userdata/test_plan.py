@@ -15,6 +15,8 @@ from kvdiag.planning.sessions import plan_sessions_file
 from kvdiag.planning.suites import load_suite
 from reference_engine.tokenizer import Tokenizer
 
+pytestmark = pytest.mark.e2e  # starts a server, a CLI subprocess or a browser
+
 
 @pytest.fixture(scope="module")
 def tok():

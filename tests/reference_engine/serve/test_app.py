@@ -7,6 +7,8 @@ import pytest
 
 from tests.kvdiag.serving import served
 
+pytestmark = pytest.mark.e2e  # starts a server, a CLI subprocess or a browser
+
 FACT = "acmeREV usd four point two billion . bado kefu ask acmeREV"
 
 

@@ -13,6 +13,8 @@ import pytest
 
 from tests.kvdiag.serving import served
 
+pytestmark = pytest.mark.e2e  # starts a server, a CLI subprocess or a browser
+
 KEY = "kvdiag-test-key-3f9a"  # a made-up key, for the env var
 FLAG_KEY = "kvdiag-flag-key-77c1"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -20,6 +20,8 @@ from kvdiag.runners.live.probe_run import run_probe
 from kvdiag.verdicts import Verdict
 from tests.kvdiag.serving import served
 
+pytestmark = pytest.mark.e2e  # starts a server, a CLI subprocess or a browser
+
 
 def _tiny_suite(tmp_path):
     """The smoke trigger cut to 2 sessions x 3 rounds: nothing it does can fill a big pool."""
@@ -31,6 +33,7 @@ def _tiny_suite(tmp_path):
     return load_suite(path)
 
 
+@pytest.mark.slow  # over 30 s on 2 cores
 def test_without_recycling_the_verdict_is_inconclusive_not_pass(tmp_path):
     suite = _tiny_suite(tmp_path)
     (tmp_path / "run").mkdir()

@@ -24,7 +24,7 @@ from kvdiag.verdicts import (
     over_hit,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 VALUES = {v.value for v in Verdict} | {v.value.upper() for v in Verdict}
 MEMBERS = {v.name for v in Verdict}
 
