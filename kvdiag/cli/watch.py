@@ -42,9 +42,10 @@ def watch(
         "0.")] = None,
     index_tokens: Annotated[int, typer.Option("--index-tokens", min=1, help="Prompt tokens held "
                                               "per namespace, oldest out first.")] = 2_000_000,
-    isolation: Annotated[Literal["salt", "cache_prompt"], typer.Option("--isolation", help="How a twin is isolated: salt "
-                                           "(a fresh cache_salt: vLLM, kvdiag serve) or "
-                                           "cache_prompt (false: llama.cpp).")] = "salt",
+    isolation: Annotated[Literal["auto", "salt", "cache_prompt"], typer.Option(
+        "--isolation", help="How a twin is isolated: salt (a fresh cache_salt: vLLM, kvdiag "
+        "serve), cache_prompt (false: llama.cpp), or auto (cache_prompt where the upstream is "
+        "llama-server, else salt).")] = "auto",
     seed: Annotated[int | None, typer.Option("--seed", show_default=False,
                                              help="Seed of the sampler.")] = None,
 ) -> None:

@@ -1,7 +1,7 @@
 """The checks beside the traffic. The proxy only queues events (a request sent, a request done,
 a cache reset) and returns; one task here takes them in order, in batches:
 
-    1. tokenize every `sent` prompt of the batch at the upstream's /tokenize, concurrently
+    1. tokenize every `sent` prompt of the batch at the upstream (kvdiag.watch.tokens), concurrently
     2. apply the batch in order: sent -> index.sent; done -> bound, judged; reset -> clear
     3. hand sampled completions to the twins, which run on their own (kvdiag.watch.twins)
 
@@ -28,6 +28,7 @@ from kvdiag.watch.index import PrefixIndex
 from kvdiag.watch.log import WatchLog
 from kvdiag.watch.metrics import WatchMetrics
 from kvdiag.watch.stats import Windows, namespace_label
+from kvdiag.watch.tokens import prompt_ids
 from kvdiag.watch.twins import Sampler, Twin, Twins
 
 QUEUE, BATCH, TOKENIZE_CONCURRENCY = 100_000, 256, 8
@@ -37,9 +38,9 @@ class Checker:
     def __init__(self, tokenizer: httpx.AsyncClient, index: PrefixIndex, twins: Twins | None,
                  sampler: Sampler, log: WatchLog, metrics: WatchMetrics, *,
                  window: float = 300.0, warmup: float = 600.0, pool_tokens: int = 0,
-                 rule: HitRule = HitRule(1, False)) -> None:
+                 rule: HitRule = HitRule(1, False), shape: str = "openai") -> None:
         self.tokenizer, self.index, self.twins, self.sampler = tokenizer, index, twins, sampler
-        self.log, self.metrics, self.rule = log, metrics, rule
+        self.log, self.metrics, self.rule, self.shape = log, metrics, rule, shape
         self.warmup, self.pool_tokens = warmup, pool_tokens
         self.queue: asyncio.Queue = asyncio.Queue(QUEUE)
         self.windows = Windows(window, time.time())
@@ -92,18 +93,8 @@ class Checker:
         gate = asyncio.Semaphore(TOKENIZE_CONCURRENCY)
 
         async def one(ex: Exchange):
-            prompt = ex.prompt.get("prompt")
-            if isinstance(prompt, list):
-                ok = all(isinstance(t, int) for t in prompt)
-                return tuple(prompt) if ok else None
-            body = {"model": ex.namespace[0]} | ex.prompt
             async with gate:
-                try:
-                    auth = {"Authorization": ex.auth} if ex.auth else {}
-                    r = await self.tokenizer.post("/tokenize", json=body, headers=auth)
-                    return tuple(r.json()["tokens"]) if r.status_code == 200 else None
-                except (httpx.HTTPError, ValueError, KeyError, TypeError):
-                    return None
+                return await prompt_ids(self.tokenizer, ex, self.shape)
 
         found = await asyncio.gather(*(one(ex) for ex in exchanges))
         return {id(ex): f for ex, f in zip(exchanges, found)}
@@ -113,6 +104,8 @@ class Checker:
             self.index.clear()
             return
         ex: Exchange = item
+        if kind == "sent" and self.shape == "llamacpp":  # one model, and no cache_salt: its
+            ex.namespace = (None, None, ex.namespace[2])  # cache is shared whatever they say
         if kind == "sent":
             found = ids.get(id(ex))
             if found is None:  # a prompt the index cannot hold: what it caches is unknown
@@ -190,6 +183,7 @@ class Checker:
         self.metrics.twins.inc()
         for t in (total, space):
             t.twins += 1
+            t.contaminated += twin.label == "contaminated"
             if twin.reached:
                 t.reached += 1
                 t.by_round[twin.rounds] += 1

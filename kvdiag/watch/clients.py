@@ -1,9 +1,9 @@
 """Ordinary chat clients, not the probe: to check a watch end to end (tests, and
-benchmarks/watch_cost.py) with traffic shaped like a product's. Every client's conversation
-opens with a few words of its own and then one shared document (so the document lands
-at different offsets), asks questions of uneven length round after round, and keeps
-the replies in its history; some turns quote part of the document back; a share of the clients stream (asking for usage, as a client
-that wants its token counts does). Nothing here knows about caches or faults."""
+benchmarks/watch_cost.py) with traffic shaped like a product's. Every conversation opens with
+the same system prompt and document, asks questions of uneven length round after round, and
+keeps the replies in its history; some turns quote part of the document back; a share of the
+clients stream (asking for usage, as a client that wants its token counts does). Nothing here
+knows about caches or faults."""
 
 from __future__ import annotations
 
@@ -59,8 +59,10 @@ async def _ask(client: httpx.AsyncClient, body: dict, traffic: Traffic) -> str |
 async def run_clients(base_url: str, model: str, *, clients: int = 8, rounds: int = 6,
                       document_words: int = 120, max_tokens: int = 12, stream_share: float = 0.5,
                       seed: int = 0, concurrency: int | None = None,
-                      quote_share: float = 0.3) -> Traffic:
-    """`clients` conversations of `rounds` turns each, all at once (or `concurrency` at a time)."""
+                      quote_share: float = 0.3, tenants: int = 0) -> Traffic:
+    """`clients` conversations of `rounds` turns each, all at once (or `concurrency` at a time).
+    `tenants` > 0: client k sends cache_salt "tenant-{k % tenants}" (a multi-tenant service
+    that keeps its tenants' caches apart by salt)."""
     rng = random.Random(seed)
     document = _words(rng, document_words)
     traffic = Traffic()
@@ -71,9 +73,8 @@ async def run_clients(base_url: str, model: str, *, clients: int = 8, rounds: in
         async def conversation(k: int) -> None:
             own = random.Random(seed * 1000 + k)
             stream = k < round(clients * stream_share)
-            preamble = _words(own, own.choice((2, 5, 9, 16)))  # each client's own words first
-            messages = [{"role": "system", "content": f"You help {preamble}. Read this "
-                         f"document. {document}"}]
+            messages = [{"role": "system", "content": f"You answer questions about this "
+                         f"document. {document}"}]  # one product's prompt: every client's
             for _ in range(rounds):
                 if own.random() < quote_share:  # a user who pastes part of the document back
                     words = document.split()
@@ -84,6 +85,8 @@ async def run_clients(base_url: str, model: str, *, clients: int = 8, rounds: in
                 messages.append({"role": "user", "content": ask})
                 body = {"model": model, "messages": messages, "max_tokens": max_tokens,
                         "temperature": 0.0, "stream": stream}
+                if tenants:
+                    body["cache_salt"] = f"tenant-{k % tenants}"
                 if stream:
                     body["stream_options"] = {"include_usage": True}
                 async with gate:

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
 RESET_PATHS = ("/reset_prefix_cache", "/flush_cache")  # a reset through the proxy empties the index
-MAX_BODY = 64 << 20  # a response larger than this is relayed, not parsed
+MAX_BODY = 64 << 20  # a JSON response larger than this is relayed, not parsed
+HEAD, TAIL = 4096, 65536  # a stream keeps its first bytes (the id) and its last (the usage)
 
 
 @dataclass
@@ -31,6 +32,7 @@ class Exchange:
     cached: int | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    model: str | None = None  # as the client named it (the namespace may drop it)
     rounds: int = 1  # user turns in a chat's messages: the round of a conversation
     auth: str | None = field(default=None, repr=False)  # the client's Authorization, for
     # the tokenizer and the twins (held in memory while they need it, never written)
@@ -64,14 +66,17 @@ class Exchange:
         return cls(path=path, namespace=(req.get("model"), req.get("cache_salt"), lora),
                    prompt={k: req[k] for k in keys if k in req},
                    request_id=headers.get("x-request-id") or str(req.get("rid") or ""),
-                   stream=bool(req.get("stream")), sent=now, rounds=rounds,
+                   stream=bool(req.get("stream")), sent=now, rounds=rounds, model=req.get("model"),
                    auth=headers.get("authorization"))
 
     def feed(self, chunk: bytes) -> None:
-        if not self._over:
-            self._buf += chunk
-            if len(self._buf) > MAX_BODY:
-                self._over, self._buf = True, bytearray()
+        if self._over:
+            return
+        self._buf += chunk
+        if self.stream and len(self._buf) > HEAD + 2 * TAIL:  # bounded, however long it streams
+            self._buf[HEAD:len(self._buf) - TAIL] = b"\n"
+        elif len(self._buf) > MAX_BODY:
+            self._over, self._buf = True, bytearray()
 
     def finish(self, status: int, now: float, complete: bool) -> None:
         """The relay ended (`complete`: every byte reached the client): read the usage."""

@@ -25,7 +25,7 @@ def _interval(w: dict, name: str) -> str:
 
 
 COLUMNS = ("requests", "judged", "over_hits", "warmups", "unjudged", "unreported", "twins",
-           "reached", "departures", "numerics")
+           "reached", "departures", "numerics", "contaminated")
 
 
 def render(watch: WatchFile) -> str:
@@ -64,7 +64,7 @@ faults such traffic can show.</p>
 <th>divergence rate [95 %]</th><th>SQDR [95 %]</th><th>hit rate</th></tr>
 {% for w in windows %}<tr><td>{{ w.span }}</td>{% for v in w.cells %}<td>{{ v }}</td>{% endfor %}
 <td>{{ w.divergence }}</td><td>{{ w.sqdr }}</td><td>{{ w.hit }}</td></tr>
-{% else %}<tr><td colspan="14" class="na">no window closed yet</td></tr>{% endfor %}</table>
+{% else %}<tr><td colspan="15" class="na">no window closed yet</td></tr>{% endfor %}</table>
 <h2>Namespaces</h2>
 <table class="data"><tr><th>namespace</th>{% for c in columns %}<th>{{ c }}</th>{% endfor %}</tr>
 {% for name, row in spaces %}<tr><td>{{ name }}</td>{% for v in row %}<td>{{ v }}</td>{% endfor %}</tr>

@@ -31,7 +31,7 @@ class WatchSettings:
     warmup: float = 600.0  # seconds at least before a hit above the bound is a finding
     pool_tokens: int | None = None  # the upstream's pool, tokens (None: ask its /metrics)
     index_tokens: int = 2_000_000  # prompt tokens held per namespace
-    isolation: str = "salt"  # salt | cache_prompt (llama.cpp)
+    isolation: str = "auto"  # salt | cache_prompt (llama.cpp) | auto: by the upstream
     seed: int | None = None
 
     @classmethod
@@ -46,8 +46,8 @@ class WatchSettings:
             raise KvdiagError(f"--listen {listen!r}: give HOST:PORT, e.g. {DEFAULT_LISTEN}")
         if not 0.0 <= kw.get("sample", 0.01) <= 1.0 or math.isnan(kw.get("sample", 0.01)):
             raise KvdiagError(f"--sample {kw['sample']}: a share of requests, in [0, 1]")
-        if kw.get("isolation", "salt") not in ("salt", "cache_prompt"):
-            raise KvdiagError(f"--isolation {kw['isolation']!r}: salt or cache_prompt")
+        if kw.get("isolation", "auto") not in ("auto", "salt", "cache_prompt"):
+            raise KvdiagError(f"--isolation {kw['isolation']!r}: auto, salt or cache_prompt")
         base = upstream.rstrip("/").removesuffix("/v1")
         return cls(upstream=base, host=host, port=int(port), **kw)
 
@@ -92,18 +92,18 @@ def serve(settings: WatchSettings, sock: socket.socket, say=print) -> None:
     from kvdiag.watch.log import WatchLog
     from kvdiag.watch.metrics import WatchMetrics
     from kvdiag.watch.proxy import build_app
+    from kvdiag.watch.tokens import detect
     from kvdiag.watch.twins import Sampler, Twins
 
     pool = settings.pool_tokens if settings.pool_tokens is not None else pool_tokens(settings.upstream)
     log = WatchLog(settings.file)
     started = time.time()
-    log.write({"type": "start", "time": started, "pool_tokens": pool} | asdict(settings))
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=512)
     upstream = httpx.AsyncClient(base_url=settings.upstream, timeout=httpx.Timeout(None, connect=10),
                                  limits=limits)
     tokenizer = httpx.AsyncClient(base_url=settings.upstream, timeout=60)
     endpoint = Endpoint(settings.upstream, "", timeout=120.0, retries=1)
-    twins = Twins(endpoint, settings.isolation) if settings.sample > 0 else None
+    twins = Twins(endpoint, "salt") if settings.sample > 0 else None
     checker = Checker(tokenizer, PrefixIndex(settings.index_tokens), twins,
                       Sampler(settings.sample, settings.budget, settings.seed), log, WatchMetrics(),
                       window=settings.window, warmup=settings.warmup, pool_tokens=pool)
@@ -123,8 +123,17 @@ def serve(settings: WatchSettings, sock: socket.socket, say=print) -> None:
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
+        checker.shape = await detect(tokenizer)
+        isolation = settings.isolation
+        if isolation == "auto":
+            isolation = "cache_prompt" if checker.shape == "llamacpp" else "salt"
+        if twins is not None:
+            twins.isolation = isolation
+        log.write({"type": "start", "time": started, "pool_tokens": pool} | asdict(settings)
+                  | {"shape": checker.shape, "isolation": isolation})
         task = asyncio.get_running_loop().create_task(checker.run())
-        say(f"kvdiag watch: {settings.host}:{settings.port} -> {settings.upstream}; findings and "
+        say(f"kvdiag watch: {settings.host}:{settings.port} -> {settings.upstream} ({checker.shape}, "
+            f"twins isolated by {isolation}); findings and "
             f"windows in {settings.file}; metrics at /kvdiag/metrics"
             + (f"; warming up for {settings.warmup:.0f} s and {pool} computed tokens" if pool
                else f"; warming up for {settings.warmup:.0f} s"))

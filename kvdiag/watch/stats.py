@@ -53,6 +53,7 @@ class Tally:
     reached: int = 0  # of them, the shared replay hit the cache
     departures: int = 0
     numerics: int = 0
+    contaminated: int = 0  # isolated twins that reported cached tokens (no ground truth)
     by_round: Counter = field(default_factory=Counter)  # round -> twins reached
     departed_by_round: Counter = field(default_factory=Counter)
 

@@ -23,6 +23,8 @@ import uuid
 from collections import deque
 from dataclasses import dataclass
 
+import httpx
+
 from kvdiag.errors import KvdiagError
 from kvdiag.runners.live.compare import divergence, margin_at, topk_distance
 from kvdiag.runners.live.endpoint import ChatResult, Endpoint
@@ -34,8 +36,9 @@ MAX_TOKENS, TOP_K, FLOOR_EVERY, FLOOR_KEPT = 8, 5, 4, 200
 
 @dataclass(frozen=True)
 class Twin:
-    """One judged sample: `label` match | numerics | corruption; `reached`: the shared
-    replay hit the cache (else it proves nothing and is not counted)."""
+    """One judged sample: `label` match | numerics | corruption | contaminated (the isolated
+    twin reported cached tokens: no ground truth, so the pair is not judged); `reached`: the
+    shared replay hit the cache (else it proves nothing and is not counted)."""
 
     request_id: str
     namespace: tuple
@@ -85,7 +88,7 @@ class Twins:
         self.extra_prompt_tokens = 0  # what the twins cost the upstream, in prompt tokens
 
     async def _send(self, ex: Exchange, isolated: bool) -> ChatResult:
-        body = dict(ex.prompt) | {"model": ex.namespace[0], "max_tokens": MAX_TOKENS,
+        body = dict(ex.prompt) | {"model": ex.model, "max_tokens": MAX_TOKENS,
                                   "temperature": 0.0, "stream": False}
         if ex.namespace[2] is not None:
             body["lora"] = json.loads(ex.namespace[2])
@@ -111,9 +114,12 @@ class Twins:
                 iso = await self._send(ex, isolated=True)
                 if self.samples % FLOOR_EVERY == 1:
                     self._floor(_row(iso), _row(await self._send(ex, isolated=True)))
-            except (KvdiagError, KeyError, IndexError, TypeError, ValueError):
+            except (KvdiagError, httpx.HTTPError, KeyError, IndexError, TypeError, ValueError):
                 self.errors += 1
                 return None
+        if iso.cached_tokens:  # the switch that isolates it did not: no ground truth here
+            return Twin(ex.request_id, ex.namespace, ex.rounds, False, "contaminated",
+                        float("nan"), None, time.time())
         a, b = _row(iso), _row(shared)
         i = divergence(a["tokens"], b["tokens"])
         margin = float("nan") if i is None else margin_at(a, b["tokens"], i)

@@ -93,3 +93,17 @@ def test_the_page_shows_every_kind_of_finding(tmp_path):
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n{cut by a kil")
     html = render(read_watch(path))
     assert "r1" in html and "r2" in html and "4.500" in html and "FAIL" in html
+
+
+def test_a_long_stream_is_read_in_bounded_memory():
+    from kvdiag.watch.exchange import HEAD, TAIL
+
+    ex = Exchange.of("/v1/chat/completions", _chat(stream=True), {}, 0.0)
+    event = f"data: {json.dumps({'id': 'c1', 'choices': [{'delta': {'content': 'word ' * 5}}]})}\n\n"
+    usage = {"prompt_tokens": 9, "completion_tokens": 20000, "prompt_tokens_details": {"cached_tokens": 4}}
+    for _ in range(20000):
+        ex.feed(event.encode())
+        assert len(ex._buf) <= HEAD + 2 * TAIL + len(event)
+    ex.feed(f"data: {json.dumps({'id': 'c1', 'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode())
+    ex.finish(200, 1.0, complete=True)
+    assert (ex.request_id, ex.completion_tokens, ex.cached) == ("c1", 20000, 4)

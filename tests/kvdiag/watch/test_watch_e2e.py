@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from kvdiag.watch.clients import WORDS, run_clients
+from kvdiag.watch.log import read_watch
 from tests.kvdiag.serving import free_port, served
 
 pytestmark = pytest.mark.e2e  # starts a server, a CLI subprocess or a browser
@@ -85,6 +86,7 @@ def test_a_healthy_cache_is_judged_clean_with_every_request_checked(tmp_path):
     assert status["twins"]["floor_pairs"] > 0
     code, out = _report(path)
     assert code == 0 and out["verdict"] == "pass", out
+    assert read_watch(path).total("contaminated") == 0  # every isolated twin computed afresh
     text = path.read_text()
     assert not [w for w in WORDS if w in text]  # no prompt or answer text is written
     assert (tmp_path / "watch.html").read_text().count("<tr>") > 3

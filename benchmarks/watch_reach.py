@@ -1,0 +1,88 @@
+"""What `kvdiag watch` sees of a fault on ordinary traffic, against what the traffic reached:
+a `kvdiag serve --allocator FAULT --sentinel` behind the proxy, chat clients through it (a
+shared document, uneven turns, half streaming), then the watch's findings beside the
+sentinel's exact count of foreign and unwritten KV reads inside the server. Prints the
+share of twins that departed, and over-hits per request.
+
+    python benchmarks/watch_reach.py --allocator ref-undercount [--model DIR] [--clients 16]
+        [--rounds 6] [--num-blocks 160] [--sample 1.0]
+
+--model: a Hugging Face directory (`kvdiag fixtures import-gguf` gives SmolLM2); default the
+canary, which answers random text the same whatever it reads (so its twins rarely depart)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import subprocess
+import sys
+import time
+from pathlib import Path
+from tempfile import TemporaryDirectory
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kvdiag.runners.live.sentinel import observe  # noqa: E402
+from kvdiag.watch.clients import run_clients  # noqa: E402
+from kvdiag.watch.log import read_watch  # noqa: E402
+from tests.kvdiag.serving import free_port, served  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--allocator", default="ref-undercount")
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--num-blocks", type=int, default=160)
+    ap.add_argument("--sample", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    with TemporaryDirectory() as tmp:
+        sentinel, path = Path(tmp) / "sentinel.jsonl", Path(tmp) / "watch.jsonl"
+        extra = ("--model", args.model, "--dtype", "float32") if args.model else ()
+        with served("--allocator", args.allocator, "--num-blocks", str(args.num_blocks),
+                    "--max-num-seqs", "16", "--max-model-len", "2048", "--sentinel", str(sentinel),
+                    *extra, timeout=600) as (upstream, _):
+            model = httpx.get(upstream + "/v1/models", timeout=10).json()["data"][0]["id"]
+            port = free_port()
+            proxy = subprocess.Popen([sys.executable, "-m", "kvdiag", "watch", "--upstream", upstream,
+                                      "--listen", f"127.0.0.1:{port}", "--file", str(path),
+                                      "--sample", str(args.sample), "--budget", "100",
+                                      "--warmup", "0", "--pool-tokens", "0", "--window", "5"])
+            url = f"http://127.0.0.1:{port}"
+            try:
+                for _ in range(300):
+                    try:
+                        httpx.get(url + "/kvdiag/status", timeout=1)
+                        break
+                    except httpx.TransportError:
+                        time.sleep(0.1)
+                start = time.time()
+                traffic = asyncio.run(run_clients(url, model, clients=args.clients, rounds=args.rounds,
+                                                  seed=args.seed))
+                while True:  # the twins finish after the traffic
+                    s = httpx.get(url + "/kvdiag/status", timeout=10).json()
+                    if s["queue"] == 0 and s["twins_running"] == 0:
+                        break
+                    time.sleep(0.5)
+                wall = time.time() - start
+            finally:
+                proxy.terminate()
+                proxy.wait(timeout=30)
+        block, _ = observe(sentinel, 0, wait=0)
+        watch = read_watch(path)
+    reached, departed = watch.total("reached"), watch.total("departures")
+    print(f"{args.allocator} on {args.model or 'the canary'}: {traffic.requests} requests "
+          f"({traffic.failed} failed) from {args.clients} clients x {args.rounds} rounds in {wall:.0f} s")
+    print(f"sentinel (inside the server): {block.foreign} foreign, {block.unwritten} unwritten slot "
+          f"reads in {len(block.findings)} findings, over {block.reads} reads checked")
+    print(f"watch: {watch.counted('over_hit')} over-hits in {watch.total('judged')} judged requests; "
+          f"{departed} of {reached} twins that hit the cache departed "
+          f"({departed / reached if reached else float('nan'):.3f}); "
+          f"{watch.total('numerics')} near-tie divergences; {watch.total('twins')} twins in all")
+
+
+if __name__ == "__main__":
+    main()
