@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -22,18 +21,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kvdiag.watch.clients import run_clients  # noqa: E402
-from tests.kvdiag.serving import free_port, served  # noqa: E402
-
-
-def _wait(url: str) -> None:
-    for _ in range(300):
-        try:
-            if httpx.get(url + "/kvdiag/status", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(url)
+from tests.kvdiag.serving import served, watching  # noqa: E402
 
 
 def _once(url: str, args) -> tuple[list[float], float]:
@@ -55,28 +43,20 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     serve = ("--num-blocks", "4096", "--max-num-seqs", "64", "--max-model-len", "2048")
-    with served(*serve) as (upstream, _), TemporaryDirectory() as tmp:
-        port = free_port()
-        proxy = subprocess.Popen([sys.executable, "-m", "kvdiag", "watch", "--upstream", upstream,
-                                  "--listen", f"127.0.0.1:{port}", "--file", f"{tmp}/w.jsonl",
-                                  "--sample", str(args.sample), "--warmup", "0"])
-        url = f"http://127.0.0.1:{port}"
-        try:
-            _wait(url)
-            direct, through, rate_d, rate_p = [], [], [], []
-            _once(upstream, args)  # warm both paths' caches and connections
-            for _ in range(args.repeats):
-                lat, rate = _once(upstream, args)
-                direct += lat
-                rate_d.append(rate)
-                lat, rate = _once(url, args)
-                through += lat
-                rate_p.append(rate)
-            status = httpx.get(url + "/kvdiag/status", timeout=10).json()
-            metrics = httpx.get(upstream + "/metrics", timeout=10).text
-        finally:
-            proxy.terminate()
-            proxy.wait(timeout=20)
+    with served(*serve) as (upstream, _), TemporaryDirectory() as tmp, \
+            watching(upstream, "--file", f"{tmp}/w.jsonl", "--sample", str(args.sample),
+                     "--warmup", "0") as url:
+        direct, through, rate_d, rate_p = [], [], [], []
+        _once(upstream, args)  # warm both paths' caches and connections
+        for _ in range(args.repeats):
+            lat, rate = _once(upstream, args)
+            direct += lat
+            rate_d.append(rate)
+            lat, rate = _once(url, args)
+            through += lat
+            rate_p.append(rate)
+        status = httpx.get(url + "/kvdiag/status", timeout=10).json()
+        metrics = httpx.get(upstream + "/metrics", timeout=10).text
 
     def q(xs, p):
         return statistics.quantiles(xs, n=100)[p - 1]

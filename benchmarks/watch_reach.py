@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kvdiag.runners.live.sentinel import observe  # noqa: E402
 from kvdiag.watch.clients import run_clients  # noqa: E402
 from kvdiag.watch.log import read_watch  # noqa: E402
-from tests.kvdiag.serving import free_port, served  # noqa: E402
+from tests.kvdiag.serving import served, watching  # noqa: E402
 
 
 def main() -> None:
@@ -46,31 +45,18 @@ def main() -> None:
                     "--max-num-seqs", "16", "--max-model-len", "2048", "--sentinel", str(sentinel),
                     *extra, timeout=600) as (upstream, _):
             model = httpx.get(upstream + "/v1/models", timeout=10).json()["data"][0]["id"]
-            port = free_port()
-            proxy = subprocess.Popen([sys.executable, "-m", "kvdiag", "watch", "--upstream", upstream,
-                                      "--listen", f"127.0.0.1:{port}", "--file", str(path),
-                                      "--sample", str(args.sample), "--budget", "100",
-                                      "--warmup", "0", "--pool-tokens", "0", "--window", "5"])
-            url = f"http://127.0.0.1:{port}"
-            try:
-                for _ in range(300):
-                    try:
-                        httpx.get(url + "/kvdiag/status", timeout=1)
-                        break
-                    except httpx.TransportError:
-                        time.sleep(0.1)
+            with watching(upstream, "--file", str(path), "--sample", str(args.sample),
+                          "--budget", "100", "--warmup", "0", "--pool-tokens", "0",
+                          "--window", "5") as url:
                 start = time.time()
-                traffic = asyncio.run(run_clients(url, model, clients=args.clients, rounds=args.rounds,
-                                                  seed=args.seed))
+                traffic = asyncio.run(run_clients(url, model, clients=args.clients,
+                                                  rounds=args.rounds, seed=args.seed))
                 while True:  # the twins finish after the traffic
                     s = httpx.get(url + "/kvdiag/status", timeout=10).json()
                     if s["queue"] == 0 and s["twins_running"] == 0:
                         break
                     time.sleep(0.5)
                 wall = time.time() - start
-            finally:
-                proxy.terminate()
-                proxy.wait(timeout=30)
         block, _ = observe(sentinel, 0, wait=0)
         watch = read_watch(path)
     reached, departed = watch.total("reached"), watch.total("departures")

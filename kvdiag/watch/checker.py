@@ -22,6 +22,7 @@ import time
 import httpx
 
 from kvdiag.runners.live.oracle import HitRule, Sent
+from kvdiag.verdicts.live import over_hit
 from kvdiag.verdicts.watch import over_hit_kind
 from kvdiag.watch.exchange import Exchange
 from kvdiag.watch.index import PrefixIndex
@@ -44,7 +45,6 @@ class Checker:
         self.warmup, self.pool_tokens = warmup, pool_tokens
         self.queue: asyncio.Queue = asyncio.Queue(QUEUE)
         self.windows = Windows(window, time.time())
-        self.held: dict[int, Sent] = {}  # id(exchange) -> its indexed request
         self.tasks: set[asyncio.Task] = set()
         self.dropped = 0
         self._rewarm(time.time())
@@ -113,10 +113,9 @@ class Checker:
                 return
             req = Sent(key=id(ex), namespace=ex.namespace, ids=found, sent=ex.sent, done=0.0,
                        cached=None, out=None)
-            self.held[id(ex)] = req
             self.index.sent(req)
             return
-        self._done(ex, self.held.pop(id(ex), None))
+        self._done(ex, self.index.inflight.get(id(ex)))  # None: never indexed
 
     def _done(self, ex: Exchange, req: Sent | None) -> None:
         overflowed = self.index.overflowed
@@ -157,10 +156,10 @@ class Checker:
         if req is None or ex.prompt_tokens != len(req.ids):
             self.metrics.unjudged.labels("ids").inc()  # not tokenized as the server did
             return "ids"
-        cap = len(req.ids) - (1 if self.rule.last_token_computed else 0)
-        bound = max(0, min(bound, cap)) // self.rule.unit * self.rule.unit
+        bound = self.rule.bound(bound, len(req.ids))
+        over = over_hit(ex.cached, bound)  # (the forgotten prefixes are hashed only then)
         kind = over_hit_kind(ex.cached, bound, self.warming,
-                             self.index.explained(req, ex.cached))
+                             over and self.index.explained(req, ex.cached))
         if kind == "unjudged":
             self.metrics.unjudged.labels("forgotten").inc()
             return kind

@@ -56,6 +56,7 @@ def build_app(upstream: httpx.AsyncClient, checker: Checker, status) -> Starlett
                 checker.event("sent", ex)
         if path in RESET_PATHS and response.status_code == 200:
             checker.event("reset", None)
+
         async def stream():
             complete = False
             try:

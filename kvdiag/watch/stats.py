@@ -61,11 +61,12 @@ class Tally:
         p, lo, hi = wilson(self.departures, self.reached)
         rounds = sorted(self.by_round)
         passes = {r: 1 - self.departed_by_round[r] / self.by_round[r] for r in rounds}
-        value, half = (sqdr(passes), math.nan) if len(rounds) >= 2 else (math.nan, math.nan)
+        value = half = math.nan
         if len(rounds) >= 2:
-            (r1, n1), (rn, nn) = (rounds[0], self.by_round[rounds[0]]), (rounds[-1], self.by_round[rounds[-1]])
+            r1, rn = rounds[0], rounds[-1]
             p1, pn = passes[r1], passes[rn]
-            half = Z * math.sqrt(p1 * (1 - p1) / n1 + pn * (1 - pn) / nn) / rn
+            value = sqdr(passes)
+            half = Z * math.sqrt(p1 * (1 - p1) / self.by_round[r1] + pn * (1 - pn) / self.by_round[rn]) / rn
         hit = self.cached_tokens / self.prompt_tokens if self.prompt_tokens else math.nan
         return {"divergence_rate": p, "divergence_low": lo, "divergence_high": hi,
                 "sqdr": value, "sqdr_low": value - half, "sqdr_high": value + half,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import time
 import uuid
@@ -133,7 +134,7 @@ class Twins:
         i = divergence(a["tokens"], b["tokens"])
         if i is not None:
             m = margin_at(a, b["tokens"], i)
-            self.floor_margins.append(m if m == m and m != float("inf") else 0.0)
+            self.floor_margins.append(m if math.isfinite(m) else 0.0)
         d = topk_distance(a, b)
         if d is not None:
             self.floor_distances.append(d)

@@ -18,7 +18,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 from contextlib import contextmanager
 
 import httpx
@@ -69,22 +68,14 @@ def _perturb(data: dict) -> None:
 @contextmanager
 def proxied(upstream: str, mode: str, timeout: float = 60.0):
     """The proxy's URL while it runs."""
-    from tests.kvdiag.serving import free_port
+    from tests.kvdiag.serving import free_port, wait_up
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "tests.kvdiag.proxy", upstream, str(port), mode],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "the proxy did not come up"
-            time.sleep(0.2)
+        wait_up(proc, url + "/health", "the proxy", timeout)
         yield url
     finally:
         proc.terminate()

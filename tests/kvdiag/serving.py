@@ -1,5 +1,5 @@
-"""Start `kvdiag serve` as a real subprocess on a free loopback port; run a probe until the
-server it talks to is killed."""
+"""Start `kvdiag serve` (and `kvdiag watch` in front of a server) as real subprocesses on free
+loopback ports; run a probe until the server it talks to is killed."""
 
 from __future__ import annotations
 
@@ -22,6 +22,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_up(proc: subprocess.Popen, url: str, what: str, timeout: float) -> None:
+    """Until GET `url` answers 200; RuntimeError with its output if the process exits first,
+    TimeoutError past `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            out = proc.stdout.read() if proc.stdout else ""
+            raise RuntimeError(f"{what} exited: {out}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not come up")
+        time.sleep(0.2)
+
+
 @contextmanager
 def served(*args: str, timeout: float = 120.0, env: dict[str, str] | None = None):
     port = free_port()
@@ -30,18 +48,7 @@ def served(*args: str, timeout: float = 120.0, env: dict[str, str] | None = None
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"kvdiag serve exited: {proc.stdout.read()}")
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError("kvdiag serve did not come up")
-            time.sleep(0.2)
+        wait_up(proc, url + "/health", "kvdiag serve", timeout)
         yield url, proc
     finally:
         proc.terminate()
@@ -49,6 +56,24 @@ def served(*args: str, timeout: float = 120.0, env: dict[str, str] | None = None
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@contextmanager
+def watching(upstream: str, *args: str, timeout: float = 30.0):
+    """`kvdiag watch --upstream UPSTREAM ARGS` on a free port, once /kvdiag/status answers:
+    its URL. Stopped (its last window written) on the way out."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "kvdiag", "watch", "--upstream", upstream,
+                             "--listen", f"127.0.0.1:{port}", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_up(proc, url + "/kvdiag/status", "kvdiag watch", timeout)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def smoke_pool() -> int:

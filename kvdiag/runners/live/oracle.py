@@ -49,6 +49,13 @@ class HitRule:
         """vLLM's block where its own /metrics said it (cache_config_info); 1 elsewhere."""
         return cls(block_size if source == "cache_config_info" else 1, True)
 
+    def bound(self, reach: int, length: int) -> int:
+        """The most a request of `length` prompt tokens may report cached, given the furthest
+        any other request reaches into it: capped by the prompt (less its last token where
+        that is always computed), rounded down to the unit."""
+        cap = length - (1 if self.last_token_computed else 0)
+        return max(0, min(reach, cap)) // self.unit * self.unit
+
 
 @dataclass(frozen=True)
 class Sent:
@@ -164,8 +171,7 @@ def bounds(requests: Iterable[Sent], rule: HitRule, resets: Iterable[float] = ()
         else:
             trie = tries.get(req.namespace)
             reach = trie.reach(req) if trie is not None else 0
-            cap = len(req.ids) - (1 if rule.last_token_computed else 0)
-            out[req.key] = max(0, min(reach, cap)) // rule.unit * rule.unit
+            out[req.key] = rule.bound(reach, len(req.ids))
     return out
 
 

@@ -5,9 +5,7 @@ key-coverage fault shows as over-hits; bad input exits 2 at once; a cut stream a
 killed upstream invent nothing."""
 
 import asyncio
-import contextlib
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -18,33 +16,17 @@ import pytest
 
 from kvdiag.watch.clients import WORDS, run_clients
 from kvdiag.watch.log import read_watch
-from tests.kvdiag.serving import free_port, served
+from tests.kvdiag import serving
+from tests.kvdiag.serving import served
 
 pytestmark = pytest.mark.e2e  # starts a server, a CLI subprocess or a browser
 
 SERVE = ("--num-blocks", "120", "--max-num-seqs", "16", "--max-model-len", "2048")
 
 
-@contextlib.contextmanager
 def watching(upstream: str, path, *extra: str):
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kvdiag", "watch", "--upstream", upstream, "--listen",
-         f"127.0.0.1:{port}", "--file", str(path), "--warmup", "0", "--window", "2", *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(150):
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(url + "/kvdiag/status", timeout=1).status_code == 200:
-                    break
-            assert proc.poll() is None, proc.stdout.read()
-            time.sleep(0.2)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+    """The proxy as these tests run it: no warm-up (the server is theirs and fresh), 2 s windows."""
+    return serving.watching(upstream, "--file", str(path), "--warmup", "0", "--window", "2", *extra)
 
 
 def _settle(url: str) -> dict:
