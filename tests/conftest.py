@@ -32,7 +32,7 @@ def tiny_ckpt(tmp_path_factory):
 # The tiers (docs/testing.md). A test is `unit` unless marked otherwise: in-process, seconds.
 # `e2e` starts a `kvdiag serve`, a CLI subprocess or a browser; `slow` takes more than ~30 s;
 # the live-engine, wheel and GPU markers name what they need. `make test` runs unit and e2e.
-NOT_UNIT = ("e2e", "slow", "vllm_live", "sglang_live", "wheel", "gpu")
+NOT_UNIT = ("e2e", "slow", "vllm_live", "sglang_live", "llamacpp_live", "wheel", "gpu")
 SLOW_AFTER = 45.0  # seconds: a test's call longer than this must be marked slow (30 s and a
 # margin for a loaded CI machine); KVDIAG_SLOW_AFTER overrides it, 0 turns the rule off
 
@@ -59,7 +59,8 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     limit = float(os.environ.get("KVDIAG_SLOW_AFTER", SLOW_AFTER))
     if (call.when == "call" and report.passed and limit > 0 and call.duration > limit
-            and not any(m in item.keywords for m in ("slow", "vllm_live", "sglang_live", "wheel"))):
+            and not any(m in item.keywords for m in ("slow", "vllm_live", "sglang_live",
+                                                     "llamacpp_live", "wheel"))):
         report.outcome = "failed"
         report.longrepr = (f"{item.nodeid} took {call.duration:.1f} s, over the {limit:.0f} s "
                            "a test outside the slow tier may take: mark it slow or make it faster")

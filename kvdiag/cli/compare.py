@@ -26,7 +26,7 @@ from kvdiag.cli.common import (
 def compare(
     targets: Annotated[list[str], typer.Option("--target", show_default=False, help="A target to "
                                                "probe; give it twice or more: an http(s) URL (with "
-                                               "--model), or vllm-local[:FAULT] / sglang-local[:FAULT], "
+                                               "--model), or vllm-local[:FAULT] / sglang-local[:FAULT] / llamacpp-local[:FAULT], "
                                                "an engine kvdiag starts and stops itself.")],
     sessions: SessionsOpt = None,
     sessions_format: SessionsFormatOpt = "auto",

@@ -32,10 +32,14 @@ def probe(
     base_url: BaseUrlOpt = None,
     model: TargetModelOpt = None,
     target: Annotated[str | None, typer.Option("--target", show_default=False, help="Instead of "
-                                               "--base-url: vllm-local[:FAULT] or sglang-local[:FAULT], "
-                                               "a real vLLM or SGLang that kvdiag starts and stops "
-                                               "(`make vllm-cpu-env`, `make sglang-cpu-env`), optionally "
-                                               "with a fault planted (`kvdiag detect --list`).")] = None,
+                                               "--base-url: vllm-local[:FAULT], sglang-local[:FAULT] or "
+                                               "llamacpp-local[:FAULT], a real vLLM, SGLang or "
+                                               "llama-server that kvdiag starts and stops (`make "
+                                               "vllm-cpu-env`, `make sglang-cpu-env`, `make "
+                                               "llamacpp-env`), optionally with a fault planted "
+                                               "(`kvdiag detect --list`); llamacpp-local serves a GGUF "
+                                               "(--model FILE.gguf; default SmolLM2 from `make "
+                                               "real-model`).")] = None,
     suite: SuiteOpt = "reproduce",
     case: OneCaseOpt = None,
     style: StyleOpt = None,

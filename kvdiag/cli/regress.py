@@ -39,7 +39,8 @@ def regress(
     target: Annotated[str, typer.Option("--target", help="reference:ALLOCATOR (the in-process "
                                         "reference engine), vllm-local[:FAULT] (a real vLLM kvdiag "
                                         "starts, optionally with a planted fault), "
-                                        "sglang-local[:FAULT] (the same for SGLang) or the URL of "
+                                        "sglang-local[:FAULT] and llamacpp-local[:FAULT] (the same "
+                                        "for SGLang and llama.cpp) or the URL of "
                                         "an OpenAI-compatible server.")] = "reference:guarded",
     model: TargetModelOpt = None,
     baseline: BaselineOpt = DEFAULT_BASELINE,

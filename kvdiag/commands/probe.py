@@ -79,7 +79,7 @@ def evidence(run: ProbeRun) -> ProbeEvidence:
         divergences=divergences, floor_margins=run.noise_floor["margins"],
         numerics_margin=run.noise_floor["numerics_margin"], isolated=run.ground_truth["isolated"],
         contaminated=run.ground_truth["contaminated"], unchecked=run.ground_truth["unchecked"],
-        isolation="cache_salt" if run.salted else "reset_prefix_cache", recycling=run.recycling,
+        isolation=run.traffic["isolation"], recycling=run.recycling,
         pool=f"{pool} of {run.server.block_size} tokens, {len(run.pressure)} pressure sessions",
         hits=oracle.get("hits", []), oracle=oracle,
         logprob_departures=run.prompt_logprobs.get("departed", []),
@@ -115,7 +115,7 @@ def summary_fields(run: ProbeRun, suite: Suite, verdict: Judgement, *, model_lab
         # every request that departed decisively, any phase (differential, shared, lifecycle)
         "corrupted_requests": verdict.details.get("corrupted", run.count("corruption")),
         "numerics_requests": run.count("numerics"), "noise_floor": run.noise_floor,
-        "isolation": "cache_salt" if run.salted else "reset_prefix_cache",
+        "isolation": run.traffic["isolation"],
         "server_prefix_cache": run.prefix_cache,
         "server": run.server.as_dict() | {"suite_pool": run.plan.schedule.num_blocks,
                                           "engine": run.engine["name"],

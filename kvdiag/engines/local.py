@@ -63,9 +63,7 @@ def running(target: Target, suite, case, model: str | None, log_dir: Path,
     if not target.is_local:
         yield Served(target, target.url, model)
         return
-    from kvdiag.paths import CANARY
-
-    model_dir = Path(model or suite.model or CANARY)
+    model_dir = Path(model or suite.model or target.engine.launcher().default_model())
     adapters = adapter_dirs(adapter, model_dir)
     info(f"starting {target.spec} (log: {Path(log_dir) / target.engine.log_name}) ...")
     with live(target, suite, case, model_dir, log_dir, adapters=adapters, sentinel=sentinel) as served:
@@ -115,13 +113,13 @@ def live(target: Target, suite, case, model_dir: Path, log_dir: Path,
     if not target.is_local:
         yield Served(target, target.url, None)
         return
-    kw = sizes(target.engine, suite, case, model_dir) if suite is not None else {}
+    cls = target.engine.launcher()
+    kw = sizes(target.engine, suite, case, model_dir) if suite is not None and cls.SIZED else {}
     if adapters:
         kw["adapters"] = adapters
     if sentinel is not None:
         kw["sentinel"] = sentinel
     Path(log_dir).mkdir(parents=True, exist_ok=True)
-    cls = target.engine.launcher()
     with cls(model_dir, fault=target.fault, log_path=Path(log_dir) / target.engine.log_name, **kw) as server:
         yield Served(dataclasses.replace(target, url=server.base_url), server.base_url,
                      server.served_model, model_label(model_dir), getattr(server, "prefill_chunk", None))

@@ -87,8 +87,9 @@ class ServerProcess:
 
     def __init__(self, name: str, command: Callable[[int], list[str]], env: dict[str, str],
                  log_path: Path, *, health_path: str = "/health", timeout: float = 900.0,
-                 poll: float = 1.0) -> None:
+                 poll: float = 1.0, error_line: str = r"[\w.]*(Error|Exception)\b.*:") -> None:
         self.name, self.command, self.env = name, command, env
+        self.error_line = error_line  # what the log's reason line looks like (Python's exceptions)
         self.log_path, self.health_path = Path(log_path), health_path
         self.timeout, self.poll = timeout, poll
         self.port = 0
@@ -141,10 +142,11 @@ class ServerProcess:
 
     def log_error(self) -> str | None:
         """The log's last exception ("ValueError: ...", with the line after it, where
-        pydantic puts the reason), the one that says why the server stopped, or None."""
+        pydantic puts the reason), the one that says why the server stopped, or None.
+        `error_line` says what such a line starts with (a C++ server's differ)."""
         lines = self.log_lines()
         at = next((i for i in reversed(range(len(lines)))
-                   if re.match(r"[\w.]*(Error|Exception)\b.*:", lines[i])), None)
+                   if re.match(self.error_line, lines[i])), None)
         return None if at is None else " ".join(lines[at:at + 2])
 
     def get(self, path: str, timeout: float = 5.0):

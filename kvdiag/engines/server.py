@@ -59,15 +59,15 @@ class EngineServer:
     VERSION_PATH = "/version"
     LOG_NAME = "engine.log"
     FAULT_ENV = ""  # the variable a fault name reaches the engine's kvdiag hook by
+    SIZED = True  # its pool is sized from the suite's blocks (engines/local.py)
+    ERROR_LINE = r"[\w.]*(Error|Exception)\b.*:"  # how its log's reason line starts (Python's)
 
     def __init__(self, model_dir: str | Path, *, fault: str | None, python: str | None,
                  log_path: str | Path | None, extra_args: tuple[str, ...], timeout: float,
                  served_model: str | None, sentinel: str | Path | None = None) -> None:
         self.fault = fault
         self.sentinel = None if sentinel is None else Path(sentinel).resolve()
-        self.model_dir = Path(model_dir).resolve()
-        if not (self.model_dir / "config.json").is_file():
-            raise KvdiagError(f"{model_dir}: not a model directory (no config.json)")
+        self.model_dir = self.check_model(Path(model_dir))
         self.python = python or self.find_python()
         self.extra_args, self.timeout = tuple(extra_args), timeout
         self.served_model = served_model or self.model_dir.name
@@ -84,6 +84,21 @@ class EngineServer:
     @staticmethod
     def find_python() -> str:
         raise NotImplementedError
+
+    @staticmethod
+    def default_model() -> Path:
+        """The model a run that names none serves: the bundled canary."""
+        from kvdiag.paths import CANARY
+
+        return Path(CANARY)
+
+    @staticmethod
+    def check_model(model: Path) -> Path:
+        """The model as the engine loads it (a Hugging Face directory here), resolved;
+        KvdiagError when it is not one."""
+        if not (model / "config.json").is_file():
+            raise KvdiagError(f"{model}: not a model directory (no config.json)")
+        return model.resolve()
 
     def command(self) -> list[str]:
         raise NotImplementedError
@@ -109,7 +124,7 @@ class EngineServer:
 
     def __enter__(self):
         self._server = ServerProcess(self.NAME, self._argv, self.environment(), self.log_path,
-                                     timeout=self.timeout)
+                                     timeout=self.timeout, error_line=self.ERROR_LINE)
         self._server.__enter__()
         r = self._server.get(self.VERSION_PATH)
         self.version = r.json().get("version") if r.status_code == 200 else None

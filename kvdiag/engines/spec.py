@@ -60,6 +60,7 @@ class EngineSpec:
     abort_api: bool = False  # it aborts a request by the rid its client gave (POST /abort_request)
     no_audit: str | None = None  # why `kvdiag detect` has no model-free audit of it; None: it has
     sentinel: bool = False  # its kvdiag plugin runs a sentinel (KVDIAG_SENTINEL, kvdiag.sentinel)
+    protocol_object: str = "kvdiag.engines.protocol:OPENAI"  # what it speaks beyond OpenAI's API
 
     @property
     def target_kind(self) -> str:
@@ -75,6 +76,10 @@ class EngineSpec:
 
     def launcher(self) -> type[EngineServer]:
         return _load(self.launcher_class)
+
+    def protocol(self):
+        """Its kvdiag.engines.protocol.OpenAIProtocol (or the engine's own subclass)."""
+        return _load(self.protocol_object)
 
 
 ENGINES = MappingProxyType({s.name: s for s in (
@@ -97,11 +102,22 @@ ENGINES = MappingProxyType({s.name: s for s in (
                              waiting=("sglang:num_queue_reqs",)),
                abort_api=True, sentinel=True,
                no_audit="kvdiag replays vLLM's allocator only; SGLang's radix tree is probed live"),
+    EngineSpec("llamacpp", "llama.cpp", "kvdiag.engines.llamacpp.faults:FAULTS",
+               "kvdiag.engines.llamacpp.faults:check_fault",
+               "kvdiag.engines.llamacpp.launcher:LlamacppLocal", "llama-server.log",
+               # llama.cpp counts prompt tokens without the cached ones: the protocol adds
+               # the two into the tokens looked up; it counts no eviction or preemption
+               CacheCounters("llamacpp:prompt_tokens_queried_total",
+                             "llamacpp:prompt_tokens_cached_total",
+                             waiting=("llamacpp:requests_deferred",)),
+               protocol_object="kvdiag.engines.llamacpp.protocol:LLAMACPP",
+               no_audit="kvdiag replays vLLM's allocator only; llama.cpp's slots are probed live"),
 )})
 
 
 def engine_spec(name: str, option: str = "engine") -> EngineSpec:
     """The entry of engine `name`; KvdiagError (exit 2) names `option` and the known ones."""
     if name not in ENGINES:
-        raise KvdiagError(f"{option} {name!r}: expected {' or '.join(ENGINES)}")
+        *head, last = ENGINES
+        raise KvdiagError(f"{option} {name!r}: expected {', '.join(head)} or {last}")
     return ENGINES[name]

@@ -60,10 +60,16 @@ def _version() -> str:
 
 
 def model_label(model_dir: Path) -> str:
-    """`<dir>-<sha8>` of a local model directory (config.json and weights)."""
+    """`<dir>-<sha8>` of a local model directory (config.json and weights), or
+    `<file>-<sha8>` of a single model file (a GGUF)."""
     from reference_engine.loader import model_hash
 
-    return f"{Path(model_dir).name}-{model_hash(model_dir)}"
+    model_dir = Path(model_dir)
+    if model_dir.is_file():
+        from kvdiag.models.gguf_import import file_sha256
+
+        return f"{model_dir.stem}-{file_sha256(model_dir)[:8]}"
+    return f"{model_dir.name}-{model_hash(model_dir)}"
 
 
 @dataclass

@@ -133,7 +133,7 @@ class ProbeSummary(Summary):
     numerics_requests: int
     noise_floor: dict[str, Any] = Field(description="repeated isolated runs: pairs, the margin of "
                                         "each that diverged, and the numerics margin it is held to")
-    isolation: Literal["cache_salt", "reset_prefix_cache"]
+    isolation: Literal["cache_salt", "cache_prompt", "reset_prefix_cache"]
     server_prefix_cache: dict[str, Opt]
     server: dict[str, Any]
     recycling: dict[str, Any]

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import uuid
 
 from kvdiag.userdata.formats import Conversation
 
@@ -73,8 +72,7 @@ async def _answer(conv: Conversation, rounds: int, max_tokens: int, endpoint,
     msgs, gaps = list(conv.messages), missing(conv, rounds)
     for shift, end in enumerate(gaps):
         at = end + shift
-        salt = f"kvdiag-history-{uuid.uuid4().hex[:12]}" if salted else None
-        result = await endpoint.chat([dict(m) for m in msgs[:at + 1]], max_tokens, cache_salt=salt)
+        result = await endpoint.chat([dict(m) for m in msgs[:at + 1]], max_tokens, isolated=salted)
         msgs.insert(at + 1, {"role": "assistant", "content": result.text})
     return dataclasses.replace(conv, messages=tuple(msgs)), len(gaps)
 

@@ -163,7 +163,8 @@ def judge_probe(e: ProbeEvidence) -> Judgement:
     if findings:
         return Judgement(Verdict.FAIL, "; ".join(findings) + tail, details)
     if e.contaminated:
-        via = "a fresh cache_salt" if e.isolation == "cache_salt" else "an emptied prefix cache"
+        via = {"cache_salt": "a fresh cache_salt", "cache_prompt": "cache_prompt: false"}.get(
+            e.isolation, "an emptied prefix cache")
         return Judgement(Verdict.ERROR, f"ground truth contaminated: {e.contaminated} of {e.isolated} "
                          f"isolated requests hit the cache despite {via}, so no answer can be "
                          "judged against them", details)

@@ -29,7 +29,7 @@ from kvdiag.watch.index import PrefixIndex
 from kvdiag.watch.log import WatchLog
 from kvdiag.watch.metrics import WatchMetrics
 from kvdiag.watch.stats import Windows, namespace_label
-from kvdiag.watch.tokens import prompt_ids
+from kvdiag.watch.tokens import PROTOCOLS, prompt_ids
 from kvdiag.watch.twins import Sampler, Twin, Twins
 
 QUEUE, BATCH, TOKENIZE_CONCURRENCY = 100_000, 256, 8
@@ -104,8 +104,8 @@ class Checker:
             self.index.clear()
             return
         ex: Exchange = item
-        if kind == "sent" and self.shape == "llamacpp":  # one model, and no cache_salt: its
-            ex.namespace = (None, None, ex.namespace[2])  # cache is shared whatever they say
+        if kind == "sent" and not PROTOCOLS[self.shape].namespaces:  # one model, no cache_salt:
+            ex.namespace = (None, None, ex.namespace[2])  # its cache is shared whatever they say
         if kind == "sent":
             found = ids.get(id(ex))
             if found is None:  # a prompt the index cannot hold: what it caches is unknown

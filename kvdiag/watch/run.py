@@ -92,7 +92,7 @@ def serve(settings: WatchSettings, sock: socket.socket, say=print) -> None:
     from kvdiag.watch.log import WatchLog
     from kvdiag.watch.metrics import WatchMetrics
     from kvdiag.watch.proxy import build_app
-    from kvdiag.watch.tokens import detect
+    from kvdiag.watch.tokens import PROTOCOLS, detect
     from kvdiag.watch.twins import Sampler, Twins
 
     pool = settings.pool_tokens if settings.pool_tokens is not None else pool_tokens(settings.upstream)
@@ -126,7 +126,7 @@ def serve(settings: WatchSettings, sock: socket.socket, say=print) -> None:
         checker.shape = await detect(tokenizer)
         isolation = settings.isolation
         if isolation == "auto":
-            isolation = "cache_prompt" if checker.shape == "llamacpp" else "salt"
+            isolation = "cache_prompt" if PROTOCOLS[checker.shape].isolation == "cache_prompt" else "salt"
         if twins is not None:
             twins.isolation = isolation
         log.write({"type": "start", "time": started, "pool_tokens": pool} | asdict(settings)

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import httpx
 
+from kvdiag.engines.llamacpp.protocol import LLAMACPP
+from kvdiag.engines.protocol import OPENAI
 from kvdiag.watch.exchange import Exchange
 
-SHAPES = ("openai", "llamacpp")
+PROTOCOLS = {p.name: p for p in (OPENAI, LLAMACPP)}  # a shape's protocol (engines/protocol.py)
+SHAPES = tuple(PROTOCOLS)
 
 
 async def detect(client: httpx.AsyncClient) -> str:

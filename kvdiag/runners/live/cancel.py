@@ -25,7 +25,9 @@ async def stream_and_close(endpoint: Endpoint, token_ids: list[int], after: int 
     tokens came, and when the server was asked to abort it (None: it was not)."""
     rid = f"kvdiag-{uuid.uuid4().hex}" if abort_after is not None and endpoint.abort_api else None
     body = {"model": endpoint.model, "prompt": list(token_ids), "max_tokens": max_tokens,
-            "temperature": 0.0, "stream": True} | ({"cache_salt": cache_salt} if cache_salt else {})
+            "temperature": 0.0, "stream": True}
+    if cache_salt:
+        endpoint.protocol.namespace(body, cache_salt)
     body |= {"rid": rid} if rid else {}
     sent, state = time.time(), {"first": None, "seen": 0, "aborted": None}
 

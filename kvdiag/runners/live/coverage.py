@@ -19,13 +19,13 @@ from kvdiag.verdicts import classify_divergence
 
 
 def _ids(plan, phase: str, j: int, r: int, row: dict, pressure: list[int]) -> list[int] | None:
-    if phase == DIFF:
+    if phase in (DIFF, DIFF_ISOLATED):
         return row.get("ids")
-    if phase in (P.SHARED, P.TWIN):
+    if phase in (P.SHARED, P.TWIN, P.ISOLATED):
         return plan.prompts[j][r]
     if phase == P.PRESSURE:
         return plan.prompts[pressure[j]][r]
-    if phase == P.PLP:
+    if phase in (P.PLP, P.PLP_ISOLATED):
         return P.plp_ids(plan, j, r)
     return None
 
@@ -47,23 +47,30 @@ def _margin(shared: dict, isolated: dict | None) -> float | None:
 
 
 def key_coverage(plan, store: RoundStore, pressure: list[int], server: ServerCache,
-                 meta: dict, ids_known: bool) -> dict:
+                 meta: dict, ids_known: bool, namespaces: bool = True) -> dict:
     """{"oracle": oracle.check's evidence, with `hits` (what, cached, bound, margin) per
     request; "differential": per pair (name, family, cached, bound, margin)}. The margin of a
-    suite round is its shared answer's against the isolated run of the same round."""
+    suite round is its shared answer's against the isolated run of the same round.
+    `namespaces` False (an engine that keys its cache by tokens only, llama.cpp): one
+    namespace for every salt, and the isolated requests, which such an engine still leaves
+    in its slots, count as sources of hits (never judged: the ground truth checks them)."""
     rule = HitRule.for_server(server.block_size, server.source)
     judged = (P.SHARED, P.TWIN, P.PRESSURE, P.PLP, DIFF)
+    sources = () if namespaces else (P.ISOLATED, P.PLP_ISOLATED, DIFF_ISOLATED)
     sent = []
     for (phase, j, r), row in store.done.items():
-        if phase not in judged or "sent" not in row:  # rows of an older kvdiag carry no times
+        if phase not in judged + sources or "sent" not in row:  # rows of an older kvdiag carry no times
             continue
         ids = _ids(plan, phase, j, r, row, pressure) if ids_known else None
         if ids is not None and row.get("prompt_tokens") and len(ids) != row["prompt_tokens"]:
             ids = None  # the server counted another prompt than the client's ids: no bound
-        sent.append(Sent((phase, j, r), (row.get("salt"), row.get("model")),
+        sent.append(Sent((phase, j, r), (row.get("salt") if namespaces else None, row.get("model")),
                          tuple(ids) if ids is not None else None, row["sent"], row["done"],
-                         row.get("cached_tokens"), int(row.get("completion_tokens") or 0)))
+                         row.get("cached_tokens") if phase in judged else None,
+                         int(row.get("completion_tokens") or 0)))
     evidence = check(sent, rule, meta.get("resets", []))
+    if sources:  # sources only: no count of theirs was missing
+        evidence["unreported"] -= sum(s.key[0] in sources for s in sent)
     hits, pairs, bounded = [], [], {}
     for (phase, j, r), cached, bound in evidence.pop("rows"):
         row = store.done[(phase, j, r)]

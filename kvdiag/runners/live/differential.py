@@ -99,17 +99,22 @@ def pairs(material: list[int], block: int, adapter: str | None) -> list[Pair]:
 async def differential_phase(endpoint: Endpoint, material: list[int], block: int, store: RoundStore,
                              *, adapter: str | None, max_tokens: int, top_logprobs: int,
                              resets: list[float], skipped: list[str],
-                             tick: Callable[[], None]) -> None:
+                             tick: Callable[[], None], namespaces: bool = True) -> None:
     """Send every pair, one at a time, each followed by its cache-isolated twin (a fresh
     salt); each row keeps its ids, salt, model and name for the oracle and the judge. A
     successful reset's time goes into `resets`; a server without a working reset (vLLM
     serves /reset_prefix_cache only with VLLM_SERVER_DEV_MODE=1) skips that pair, named in
-    `skipped`."""
+    `skipped`. An engine without namespaces (`namespaces` False: llama.cpp keys its cache by
+    tokens only) skips the other-salt pair, named too: there the same tokens may hit."""
     import time
 
     salt = f"kvdiag-diff-{uuid.uuid4().hex[:12]}"
     for i, p in enumerate(pairs(material, block, adapter)):
         if (DIFF, i, 0) in store.done:
+            tick()
+            continue
+        if p.salt is not None and not namespaces:
+            skipped.append(f"{p.name}: the server keys its cache by tokens only (no cache_salt)")
             tick()
             continue
         if p.reset:
@@ -122,7 +127,7 @@ async def differential_phase(endpoint: Endpoint, material: list[int], block: int
         res = await endpoint.complete(list(p.ids), max_tokens, cache_salt=p.salt or salt,
                                       top_logprobs=top_logprobs, model=p.model)
         store.add(DIFF, i, 0, res, salt=p.salt or salt, **meta)
-        iso = await endpoint.complete(list(p.ids), max_tokens, cache_salt=f"kvdiag-{uuid.uuid4().hex}",
+        iso = await endpoint.complete(list(p.ids), max_tokens, isolated=True,
                                       top_logprobs=top_logprobs, model=p.model)
         store.add(DIFF_ISOLATED, i, 0, iso, **meta)
         tick()

@@ -85,8 +85,7 @@ class Endpoint(ServerIdentity):
     def tokenize_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         key = json.dumps([messages, add_generation_prompt])
         if key not in self._count_cache:
-            r = self._sync("POST", "/tokenize", json={"model": self.model, "messages": messages,
-                                                      "add_generation_prompt": add_generation_prompt})
+            r = self.protocol.tokenize_chat(self._sync, self.model, messages, add_generation_prompt)
             if r.status_code == 404:
                 self.has_tokenize = False
                 raise EndpointError(f"{self.base} has no /tokenize endpoint")
@@ -112,19 +111,21 @@ class Endpoint(ServerIdentity):
         return len(self._count_cache[key])
 
     def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        r = self._sync("POST", "/tokenize", json={"model": self.model, "prompt": text,
-                                                  "add_special_tokens": add_special_tokens})
+        r = self.protocol.tokenize(self._sync, self.model, text, add_special_tokens)
         if r.status_code != 200:
             raise EndpointError(f"/tokenize answered HTTP {r.status_code}: {r.text[:200]}")
         return r.json()["tokens"]
 
     async def _generate(self, path: str, what: str, cache_salt: str | None, body: dict,
-                        auth: str | None = None) -> dict:
-        """POST a generation request (with `cache_salt` when given) under an X-Request-Id of
-        its own, which engines put in their request id (a sentinel's findings name it); its
+                        auth: str | None = None, isolated: bool = False) -> dict:
+        """POST a generation request under an X-Request-Id of its own, which engines put in
+        their request id (a sentinel's findings name it); `isolated`: kept off the prefix cache
+        as the server's protocol does it, else in namespace `cache_salt` when given. Its
         JSON, with that id under REQUEST_ID, or EndpointError."""
-        if cache_salt is not None:
-            body["cache_salt"] = cache_salt
+        if isolated:
+            self.protocol.isolate(body)
+        elif cache_salt is not None:
+            self.protocol.namespace(body, cache_salt)
         rid = f"kvdiag-{uuid.uuid4().hex[:16]}"
         if self.abort_api:  # a server that takes its client's rid (SGLang) names it so
             body.setdefault("rid", rid)
@@ -135,44 +136,47 @@ class Endpoint(ServerIdentity):
         return r.json() | {REQUEST_ID: rid}
 
     async def chat(self, messages: list[dict], max_tokens: int, *, cache_salt: str | None = None,
-                   top_logprobs: int = 5, model: str | None = None) -> ChatResult:
+                   top_logprobs: int = 5, model: str | None = None,
+                   isolated: bool = False) -> ChatResult:
         """One greedy chat completion; `model`: an adapter the server serves, instead of the
-        endpoint's model."""
+        endpoint's model; `isolated`: kept off the prefix cache (a twin's ground truth)."""
         return await self.generate("/v1/chat/completions", {
             "model": model or self.model, "messages": messages, "max_tokens": max_tokens,
-            "temperature": 0.0, "logprobs": True, "top_logprobs": top_logprobs}, cache_salt)
+            "temperature": 0.0, "logprobs": True, "top_logprobs": top_logprobs}, cache_salt,
+            isolated=isolated)
 
     async def complete(self, token_ids: list[int], max_tokens: int, *, cache_salt: str | None = None,
                        top_logprobs: int = 5, model: str | None = None,
-                       ignore_eos: bool = False) -> ChatResult:
+                       ignore_eos: bool = False, isolated: bool = False) -> ChatResult:
         """One greedy completion of a prompt given as token ids (/v1/completions, legacy
         logprobs): the differential and lifecycle phases' requests, free of any chat
-        template. `ignore_eos`: decode all `max_tokens` (vLLM's and SGLang's extra parameter)."""
+        template. `ignore_eos`: decode all `max_tokens` (an extra parameter vLLM, SGLang and
+        llama.cpp take)."""
         return await self.generate("/v1/completions", {
             "model": model or self.model, "prompt": list(token_ids), "max_tokens": max_tokens,
             "temperature": 0.0, "logprobs": top_logprobs} | ({"ignore_eos": True} if ignore_eos else {}),
-            cache_salt)
+            cache_salt, isolated=isolated)
 
     async def generate(self, path: str, body: dict, cache_salt: str | None = None,
-                       auth: str | None = None) -> ChatResult:
+                       auth: str | None = None, isolated: bool = False) -> ChatResult:
         """Any body for /v1/chat/completions or /v1/completions (non-streaming), its answer
         read the same way (kvdiag watch re-sends a client's own prompt fields so, under the
         client's own Authorization, `auth`)."""
         sent = time.time()
         chat = path.endswith("chat/completions")
         data = await self._generate(path, "chat completion" if chat else "completion",
-                                    cache_salt, dict(body), auth)
+                                    cache_salt, dict(body), auth, isolated)
         return _timed((_chat_result if chat else _completion_result)(data), sent)
 
     async def prompt_logprobs(self, token_ids: list[int], *, cache_salt: str | None = None,
-                              model: str | None = None) -> ChatResult:
+                              model: str | None = None, isolated: bool = False) -> ChatResult:
         """The logprob of every prompt token (vLLM's prompt_logprobs=0: the token's own
         only), for a prompt given as token ids, in extra["prompt_logprobs"] as [token id,
         logprob] per position (None for the first)."""
         sent = time.time()
         data = await self._generate("/v1/completions", "completion", cache_salt, {
             "model": model or self.model, "prompt": list(token_ids), "max_tokens": 1,
-            "temperature": 0.0, "prompt_logprobs": 0})
+            "temperature": 0.0, "prompt_logprobs": 0}, isolated=isolated)
         return _timed(ChatResult(text="", tokens=[], top=[], logprobs=[], finish_reason=None,
                                  extra={"prompt_logprobs": _prompt_logprobs(data)}, **_usage(data)),
                       sent)
@@ -187,22 +191,15 @@ class Endpoint(ServerIdentity):
             return False
 
     def salt_supported(self) -> tuple[bool, str]:
-        """Does the server take vLLM's cache_salt? (a one-token request with and without)"""
-        body = {"model": self.model, "messages": [{"role": "user", "content": "hello"}],
-                "max_tokens": 1, "cache_salt": "kvdiag-salt-check"}
-        r = self._sync("POST", "/v1/chat/completions", json=body)
-        if r.status_code == 200:
-            return True, ""
-        return False, f"HTTP {r.status_code}: {r.text[:160]}"
+        """Does the server keep one request off its cache, as its protocol does it (vLLM's
+        cache_salt, llama.cpp's cache_prompt: false)? (a one-token request)"""
+        return self.protocol.isolation_works(self._sync, self.model)
 
     def reset_prefix_cache(self) -> bool:
-        """Empty the server's prefix cache: vLLM's POST /reset_prefix_cache (served with
-        VLLM_SERVER_DEV_MODE=1), else SGLang's POST /flush_cache; False when neither works
-        (or requests are in flight)."""
-        r = self._sync("POST", "/reset_prefix_cache")
-        if r.status_code == 404:
-            r = self._sync("POST", "/flush_cache")
-        return r.status_code == 200
+        """Empty the server's prefix cache as its protocol does it (vLLM's POST
+        /reset_prefix_cache, served with VLLM_SERVER_DEV_MODE=1; SGLang's /flush_cache);
+        False when that does not work (or requests are in flight, or the engine has none)."""
+        return self.protocol.reset(self._sync)
 
     def cache_config(self) -> dict[str, str]:
         """The labels of vLLM's `vllm:cache_config_info` gauge (block_size, num_gpu_blocks, ...,
@@ -244,7 +241,7 @@ class Endpoint(ServerIdentity):
                 if sample.labels.get("model_name") not in (None, self.model):
                     continue
                 out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
-        return out
+        return self.protocol.counters(out)
 
 
 def _usage(data: dict) -> dict:

@@ -1,6 +1,7 @@
 """Who a live server is, as a probe needs to know: its engine and version, the served model's
 digest (its /v1/models entry: weights cannot be hashed from outside), SGLang's /server_info,
-and the engine's prefix-cache counters in /metrics. A mixin of kvdiag.runners.live.endpoint
+llama.cpp's /props, the engine's prefix-cache counters in /metrics, and the protocol it
+speaks beyond OpenAI's API (kvdiag.engines.protocol). A mixin of kvdiag.runners.live.endpoint
 .Endpoint (it uses the endpoint's `_sync` and `model`)."""
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ class ServerIdentity:
             return "kvdiag-serve", str(info.get("version", "unknown"))
         if "version" in self.server_info:
             return "sglang", str(self.server_info["version"])
+        if "default_generation_settings" in self.props:
+            return "llamacpp", str(self.props.get("build_info", "unknown"))
         if version and "version" in version:
             return "vllm", str(version["version"])
         return (title or "unknown"), str(info.get("version", "unknown"))
@@ -54,6 +57,21 @@ class ServerIdentity:
         """SGLang's GET /server_info (page_size, max_total_num_tokens, version), or {}."""
         return self._json("/server_info") or self._json("/get_server_info") or {}
 
+    @cached_property
+    def props(self) -> dict:
+        """llama.cpp's GET /props (default_generation_settings.n_ctx, total_slots,
+        build_info), or {}."""
+        return self._json("/props") or {}
+
+    @cached_property
+    def protocol(self):
+        """What the server speaks beyond OpenAI's API (kvdiag.engines.protocol): its engine's;
+        vLLM's shape for kvdiag serve and servers of no engine kvdiag knows."""
+        from kvdiag.engines.protocol import OPENAI
+
+        spec = ENGINES.get(self._identity[0])
+        return spec.protocol() if spec is not None else OPENAI
+
     @property
     def abort_api(self) -> bool:
         """Whether the server aborts a request by the rid its client gave it (SGLang's POST
@@ -62,7 +80,7 @@ class ServerIdentity:
         return spec is not None and spec.abort_api
 
     def identity(self) -> dict:
-        """{"name": vllm | sglang | kvdiag-serve | the OpenAPI title, "version"}."""
+        """{"name": vllm | sglang | llamacpp | kvdiag-serve | the OpenAPI title, "version"}."""
         name, version = self._identity
         return {"name": name, "version": version}
 

@@ -176,13 +176,12 @@ def _waiting(sample: dict) -> float | None:
 async def lifecycle_isolated(endpoint: Endpoint, life: LifePlan, store: RoundStore, concurrency: int,
                              tick: Callable[[], None]) -> None:
     """The twin of every answered lifecycle request: its ids under a fresh salt."""
-    import uuid
 
     sem = asyncio.Semaphore(concurrency)
 
     async def one(q: LifeRequest) -> None:
         async with sem:
-            res = await endpoint.complete(list(q.ids), q.max_tokens, cache_salt=f"kvdiag-{uuid.uuid4().hex}",
+            res = await endpoint.complete(list(q.ids), q.max_tokens, isolated=True,
                                           ignore_eos=q.ignore_eos)
         store.add(LIFE_ISOLATED, q.j, 0, res, group=q.group)
         tick()

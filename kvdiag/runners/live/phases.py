@@ -132,12 +132,11 @@ async def isolated_phase(endpoint: Endpoint, plan: CasePlan, store: RoundStore, 
         async with sem:
             if not salted:  # documented fallback: empty the cache, one request at a time
                 endpoint.reset_prefix_cache()
-            salt = f"kvdiag-{uuid.uuid4().hex}" if salted else None
             if phase == PLP_ISOLATED:
-                res = await endpoint.prompt_logprobs(plp_ids(plan, k, r), cache_salt=salt, model=model)
+                res = await endpoint.prompt_logprobs(plp_ids(plan, k, r), isolated=salted, model=model)
             else:
                 res = await endpoint.chat(plan.sessions[k].messages(r), plan.case.max_tokens,
-                                          cache_salt=salt, top_logprobs=s.top_logprobs, model=model)
+                                          isolated=salted, top_logprobs=s.top_logprobs, model=model)
         store.add(phase, k, r, res, model=model, **res.extra)
         tick()
 

@@ -30,8 +30,8 @@ from reference_engine.util import cdiv
 class ServerCache:
     """The server's KV cache as the probe plans for it; `source` says where the figures came
     from: `cache_config_info` (vLLM's /metrics), `server_info` (SGLang's /server_info),
-    `flags` (the user's --block-size / --num-blocks) or `suite` (neither: the suite's block
-    size, pool unknown)."""
+    `props` (llama.cpp's /props: its context's cells over all slots), `flags` (the user's
+    --block-size / --num-blocks) or `suite` (neither: the suite's block size, pool unknown)."""
 
     block_size: int
     num_blocks: int | None
@@ -69,6 +69,14 @@ def read_server_cache(endpoint: Endpoint, suite_block_size: int, *, block_size: 
         flags = {"page_size": page, "max_total_num_tokens": int(info["max_total_num_tokens"])}
         return ServerCache(bs, num_blocks or int(info["max_total_num_tokens"]) // bs, "server_info",
                            str(info.get("version")) if info.get("version") else version, flags)
+    settings = endpoint.props.get("default_generation_settings") or {}
+    if settings.get("n_ctx"):
+        # llama.cpp: a KV cell per token, n_ctx of them (one context, its slots' sequences
+        # in it); planned in the suite's blocks, as SGLang's one-token pages are
+        bs = block_size or suite_block_size
+        flags = {"n_ctx": int(settings["n_ctx"]), "total_slots": endpoint.props.get("total_slots")}
+        return ServerCache(bs, num_blocks or int(settings["n_ctx"]) // bs, "props",
+                           str(endpoint.props.get("build_info")) or version, flags)
     if block_size or num_blocks:
         return ServerCache(block_size or suite_block_size, num_blocks, "flags", version, labels)
     return ServerCache(suite_block_size, None, "suite", version, labels)

@@ -104,8 +104,11 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
     if meta is not None and meta["plan_sha"] != fresh["plan_sha"]:
         raise KvdiagError(f"{run_dir}: the suite or the server's tokenizer changed since this probe began")
     store = RoundStore(run_dir / "rounds.jsonl")
-    pressure = P.plan_pressure(plan, server, salted, settings)
-    life = _plan_lifecycle(endpoint, plan, server, salted and ids_known, settings, warn)
+    # pressure sessions and the lifecycle phase keep their requests apart by cache_salt: an
+    # engine without namespaces (llama.cpp) serves them all from one cache, so neither runs
+    spaced = salted and endpoint.protocol.namespaces
+    pressure = P.plan_pressure(plan, server, spaced, settings)
+    life = _plan_lifecycle(endpoint, plan, server, spaced and ids_known, settings, warn)
     # the server's counters when the probe began; kept in probe.json so that a resumed
     # probe's prefix-cache hit rate still covers the whole run
     before = counters_since(meta, endpoint.metrics(), who["counters"].queries)
@@ -129,10 +132,12 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
     run.traffic = {"spread": settings.spread, "twins": settings.twins, "adapter": settings.adapter,
                    "prompt_logprobs": settings.prompt_logprobs,
                    "twin_requests": sum(phase == P.TWIN for phase, _, _ in store.done),
-                   "isolation": "cache_salt" if salted else "reset_prefix_cache",
+                   "isolation": endpoint.protocol.isolation if salted else "reset_prefix_cache",
+                   "namespaces": endpoint.protocol.namespaces,
                    "differential": settings.differential, "differential_only": settings.differential_only,
                    "lifecycle": life is not None, "require": list(settings.require)}
-    run.key_coverage = key_coverage(plan, store, pressure, server, meta, ids_known)
+    run.key_coverage = key_coverage(plan, store, pressure, server, meta, ids_known,
+                                    namespaces=run.traffic["namespaces"])
     run.lifecycle = {
         "events": event_coverage(store, life, meta.get("life_observed") or {}, run.recycling, before,
                                  meta.get("metrics_after_life") or after),
@@ -149,8 +154,8 @@ def _plan_lifecycle(endpoint: Endpoint, plan, server: ServerCache, possible: boo
     if not settings.lifecycle or settings.differential_only:
         return None
     if not possible:
-        warn("the lifecycle phase needs cache_salt and /tokenize: it is off, and its events "
-             "are reported not reached")
+        warn("the lifecycle phase needs namespaces (cache_salt) and /tokenize: it is off, and "
+             "its events are reported not reached")
         return None
     context, chunk = L.server_limits(endpoint, settings.prefill_chunk)
     last = [session[-1] for session in plan.prompts]
@@ -172,8 +177,11 @@ def _plan(endpoint: Endpoint, suite: Suite, case: Case, server: ServerCache,
     if tokenizer.use_usage:
         warn("counting tokens by usage.prompt_tokens (no /tokenize): planning sends one-token requests")
     salted = isolation(endpoint, endpoint.base, warn, settings.isolation)
-    if settings.prompt_logprobs and (tokenizer.use_usage or not endpoint.prompt_logprobs_supported(
-            P.plp_ids(plan, 0, 0))):  # placeholder ids, or a server without prompt logprobs
+    if settings.prompt_logprobs and (tokenizer.use_usage or not endpoint.protocol.prompt_logprobs
+                                     or not endpoint.prompt_logprobs_supported(P.plp_ids(plan, 0, 0))):
+        # placeholder ids, or a server without prompt logprobs (asked only of a server that
+        # may have them: on one cache without namespaces the question's prompt would be a
+        # source of hits the over-hit oracle never saw)
         settings = dataclasses.replace(settings, prompt_logprobs=False)
     if settings.differential and (tokenizer.use_usage or not salted):
         warn("no /tokenize: the differential phase needs token ids (and the over-hit oracle too)"
@@ -214,6 +222,7 @@ async def _phases(endpoint: Endpoint, plan, store: RoundStore, settings: P.Probe
         if settings.differential:
             resets, skipped = meta.setdefault("resets", []), []
             await D.differential_phase(endpoint, _material(plan), block, store,
+                                       namespaces=endpoint.protocol.namespaces,
                                        adapter=settings.adapter, max_tokens=settings.differential_tokens,
                                        top_logprobs=settings.top_logprobs, resets=resets,
                                        skipped=skipped, tick=tick_for("differential (key coverage)"))

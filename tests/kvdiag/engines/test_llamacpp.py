@@ -1,0 +1,111 @@
+"""llama.cpp as kvdiag's third engine, model-free: its faults are source patches, each tied to
+its catalog entry and applied to a copy of the tree (a patch that no longer applies names the
+fault and the file, before anything builds); a missing build names its make target; a file
+that is not a GGUF is refused before a server starts; its counters read as the probe needs
+them. The live side (a real llama-server) is in test_llamacpp_live.py."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvdiag.engines.llamacpp import build
+from kvdiag.engines.llamacpp.faults import FAULTS
+from kvdiag.engines.llamacpp.protocol import LLAMACPP
+from kvdiag.errors import KvdiagError
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_every_fault_is_one_patch_and_every_patch_a_fault():
+    patches = {p.stem for p in build.PATCHES.glob("*.patch")}
+    assert patches == set(FAULTS)
+    for name in FAULTS:
+        text = build.patch_file(name).read_text()
+        files = build.patched_files(build.patch_file(name))
+        assert files and all(f.startswith(("tools/", "src/", "common/")) for f in files), files
+        # the change says which fault it is, in the source it lands in
+        assert re.search(rf"^\+.*kvdiag fault {re.escape(name)}:", text, re.M), name
+        assert FAULTS[name].reports and FAULTS[name].plant_point.split(":")[0] in files
+
+
+@pytest.mark.skipif(not (build.root() / "src" / "llama.cpp" / "CMakeLists.txt").is_file(),
+                    reason="no llama.cpp tree: make llamacpp-env")
+@pytest.mark.parametrize("name", list(FAULTS))
+def test_every_patch_applies_to_the_sdists_tree(name, tmp_path):
+    tree = build.root() / "src" / "llama.cpp"
+    for f in build.patched_files(build.patch_file(name)):
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(tree / f, tmp_path / f)
+    run = subprocess.run(["patch", "-p1", "--dry-run", "--batch", "-i", str(build.patch_file(name))],
+                         cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_a_patch_that_no_longer_applies_names_the_fault_and_the_file(tmp_path, monkeypatch):
+    """A tree whose file moved on: refused before any build (no cmake runs: the tree has none)."""
+    name = next(iter(FAULTS))
+    stock = tmp_path / "src" / "llama.cpp"
+    for f in build.patched_files(build.patch_file(name)):
+        (stock / f).parent.mkdir(parents=True, exist_ok=True)
+        (stock / f).write_text("// another version of this file\n")
+    (stock / "CMakeLists.txt").write_text("")
+    monkeypatch.setenv("KVDIAG_LLAMACPP_DIR", str(tmp_path))
+    with pytest.raises(KvdiagError) as e:
+        build.fault_server(name, log=lambda _m: None)
+    message = str(e.value)
+    assert f"fault {name}" in message and "no longer applies" in message
+    assert all(f in message for f in build.patched_files(build.patch_file(name)))
+    assert not (tmp_path / "faults" / name).exists() and not (tmp_path / "fault-build").exists()
+    # the copy is left as the stock tree has it
+    for f in build.patched_files(build.patch_file(name)):
+        assert (tmp_path / "fault-src" / f).read_text() == (stock / f).read_text()
+
+
+@pytest.mark.e2e  # a CLI subprocess
+def test_no_build_names_the_make_target_and_exits_2(tmp_path):
+    env = {"KVDIAG_LLAMACPP_SERVER": str(tmp_path / "llama-server"), "PATH": "/usr/bin:/bin"}
+    run = subprocess.run([sys.executable, "-m", "kvdiag", "probe", "--target", "llamacpp-local",
+                          "--suite", "natural", "--out", str(tmp_path / "p")],
+                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert run.returncode == 2, run.stderr[-800:]
+    assert "make llamacpp-env" in run.stderr and "llama-server" in run.stderr
+
+
+def test_a_file_that_is_not_a_gguf_is_refused_before_a_server_starts(tmp_path):
+    from kvdiag.engines.llamacpp.launcher import LlamacppLocal
+
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"PK\x03\x04 not a gguf")
+    with pytest.raises(KvdiagError, match="not a GGUF file"):
+        LlamacppLocal.check_model(bad)
+    with pytest.raises(KvdiagError, match="no .gguf file in it"):
+        LlamacppLocal.check_model(tmp_path / "..")  # a folder without one
+    (tmp_path / "m").mkdir()
+    good = tmp_path / "m" / "x.gguf"
+    good.write_bytes(b"GGUF" + bytes(16))
+    assert LlamacppLocal.check_model(tmp_path / "m") == good.resolve()
+
+
+def test_its_counters_read_as_tokens_looked_up_and_tokens_served():
+    """llama.cpp counts prompt tokens without the cached ones: looked up = both."""
+    from kvdiag.engines.spec import ENGINES
+
+    got = LLAMACPP.counters({"llamacpp:prompt_tokens_total": 30.0,
+                             "llamacpp:prompt_tokens_cached_total": 70.0})
+    queries, hits = ENGINES["llamacpp"].counters.names
+    assert (got[queries], got[hits]) == (100.0, 70.0)
+    assert LLAMACPP.counters({}) == {}  # a server without --metrics: nothing made up
+
+
+def test_isolation_keeps_a_request_off_the_cache_and_salts_are_not_sent():
+    body = {"prompt": [1, 2, 3]}
+    LLAMACPP.isolate(body)
+    assert body == {"prompt": [1, 2, 3], "cache_prompt": False}
+    LLAMACPP.namespace(body, "kvdiag-run-1")
+    assert "cache_salt" not in body and not LLAMACPP.namespaces

@@ -1,0 +1,84 @@
+"""Real llama.cpp in the loop: llama-server b11434 built from the pinned sdist (`make
+llamacpp-env`) serving SmolLM2-135M-Instruct's GGUF (`make real-model`), probed in natural
+style by `--target llamacpp-local[:FAULT]`:
+
+- the stock build in its default configuration passes: its isolated twins (cache_prompt:
+  false) report 0 cached tokens, the over-hit oracle holds every reported hit within what
+  the requests before it allow (one namespace: llama.cpp keys its cache by tokens only), and
+  no decisive answer changed;
+- a fault planted by a source patch FAILs, exit 1, and the verdict names its binary's fault;
+- a GGUF that does not load is exit 2 with llama.cpp's own error line.
+
+Skipped without the build or the package; a CI rotation slot of its own (make
+test-llamacpp-live)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kvdiag.engines.llamacpp.build import stock_server
+from kvdiag.errors import KvdiagError
+
+
+def _built() -> bool:
+    try:
+        stock_server()
+    except KvdiagError:
+        return False
+    return True
+
+
+pytestmark = [pytest.mark.slow, pytest.mark.llamacpp_live,
+              pytest.mark.skipif(not _built(), reason="no llama-server: make llamacpp-env")]
+
+
+@pytest.fixture(scope="module")
+def gguf():
+    from kvdiag.models.gguf_import import packaged_gguf
+
+    try:
+        return packaged_gguf()
+    except KvdiagError as e:
+        pytest.skip(f"{e} (make real-model)")
+
+
+def _probe(target: str, out, *extra: str) -> tuple[subprocess.CompletedProcess, dict | None]:
+    run = subprocess.run([sys.executable, "-m", "kvdiag", "probe", "--target", target,
+                          "--suite", "natural", "--out", str(out), "--json", *extra],
+                         capture_output=True, text=True, timeout=1800)
+    try:
+        return run, json.loads(run.stdout)
+    except json.JSONDecodeError:
+        return run, None
+
+
+def test_the_stock_build_passes_in_its_default_configuration(gguf, tmp_path):
+    run, summary = _probe("llamacpp-local", tmp_path / "p")
+    assert run.returncode == 0 and summary is not None, run.stderr[-3000:]
+    assert summary["verdict"] == "pass" and summary["isolation"] == "cache_prompt", summary["reason"]
+    assert summary["corrupted_requests"] == 0
+    oracle = summary["key_coverage"]["oracle"]
+    # every shared request checked against its bound, none above it
+    assert oracle["available"] and oracle["unknown_ids"] == 0 and oracle["over_hits"] == 0, oracle
+    assert summary["server"]["version"]  # llama.cpp's build_info
+    assert (tmp_path / "p" / "llama-server.log").is_file()
+
+
+def test_a_prefix_match_one_token_too_long_fails_by_over_hits(gguf, tmp_path):
+    run, summary = _probe("llamacpp-local:prefix-overrun", tmp_path / "p")
+    assert run.returncode == 1 and summary is not None, run.stderr[-3000:]
+    assert summary["verdict"] == "fail"
+    assert summary["key_coverage"]["oracle"]["over_hits"] > 0, summary["key_coverage"]["oracle"]
+    assert "b11434-fault-prefix-overrun@llamacpp-local:prefix-overrun" in summary["signature"]
+
+
+def test_a_gguf_that_does_not_load_is_exit_2_with_llamacpps_error(gguf, tmp_path):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(gguf.read_bytes()[:4096])  # the header, cut short
+    run, _ = _probe("llamacpp-local", tmp_path / "p", "--model", str(bad))
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert "llama.cpp exited" in run.stderr and ("error" in run.stderr.lower() or "failed" in run.stderr.lower())
