@@ -104,6 +104,11 @@ def probe(
                                                  "unwritten KV read it saw during the run fails it. "
                                                  "On by default for vllm-local targets (in the run "
                                                  "directory); 'off' turns it off.")] = None,
+    engine_args: Annotated[list[str] | None, typer.Option(
+        "--engine-arg", show_default=False, help="A flag for the server a local target starts, "
+        "appended to its command line (repeat it; a flag and its value as one string: "
+        "--engine-arg='-np 2'); the configuration row the run measures, kept in summary.json "
+        "(server.engine_args). Local targets only.")] = None,
     sessions: SessionsOpt = None,
     sessions_format: SessionsFormatOpt = "auto",
     no_text: NoTextOpt = False,
@@ -142,4 +147,4 @@ def probe(
                    api_key=api_key, settings=settings, count_with=count_with, resume=resume,
                    out_dir=out_dir, info=out.info, warn=out.warn, progress=out.progress,
                    sessions=sessions, sessions_format=sessions_format, no_text=no_text,
-                   sentinel=sentinel))
+                   sentinel=sentinel, engine_args=tuple(engine_args or ())))

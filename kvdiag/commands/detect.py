@@ -200,8 +200,10 @@ def detect(engine: str = "vllm", faults: list[str] | None = None, paths: list[st
                 rows.append(live_row(spec, name, known.get(name.partition(":")[0]), suite, chosen.name, run.path, info))
                 update(advance=1)
     judged = judge_matrix((f"{r['fault']}/{r['path']}", r["verdict"], r["expected"]) for r in rows)
+    # the model the rows ran on: the canary, or a live-only engine's own default (llama.cpp's GGUF)
+    served = CANARY if "audit" in paths else spec.launcher().default_model()
     signature = Signature(engine=f"detect:{engine}", allocators=tuple(paths), block_size=loaded.block_size,
-                          model=model_label(CANARY), suite=loaded.name, seed=loaded.seed)
+                          model=model_label(served), suite=loaded.name, seed=loaded.seed)
     summary = MatrixSummary(signature=signature.format(), suite=loaded.name, verdict=judged.verdict,
                             reason=judged.reason, engine=engine, paths=paths, matrix=rows)
     return finish_run(RunResult("matrix", pd.DataFrame(rows), summary), run, timer)

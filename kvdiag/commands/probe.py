@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kvdiag.commands.lifecycle import finish_run, no_progress
+from kvdiag.errors import KvdiagError
 from kvdiag.planning.suites import Suite, load_cases
 from kvdiag.record.results import RunResult, Signature
 from kvdiag.record.summary import ProbeSummary
@@ -30,7 +31,6 @@ def sentinel_path(spec, given: str | None) -> Path | bool | None:
     """Where the run's sentinel writes: True for the run directory (a local engine with a
     sentinel, by default), a checked path, or None for none. KvdiagError (exit 2): a file
     kvdiag cannot write for a server it starts, or cannot read for one it does not."""
-    from kvdiag.errors import KvdiagError
     from kvdiag.sentinel.log import check_writable
 
     if given == "off":
@@ -50,7 +50,6 @@ def sentinel_path(spec, given: str | None) -> Path | bool | None:
 def parse_events(spec: str | None) -> tuple[str, ...]:
     """--require's value: events of kvdiag.vocab.EVENTS, comma-separated, or `all`; an unknown
     name is bad input (KvdiagError, exit 2)."""
-    from kvdiag.errors import KvdiagError
     from kvdiag.vocab import EVENTS
 
     names = [n.strip() for n in (spec or "").split(",") if n.strip()]
@@ -159,11 +158,13 @@ def probe(suite: str, case: str | None = None, style: str | None = None, *,
           resume: Path | None = None, out_dir: Path | None = None,
           info: Callable[[str], None] = lambda _: None, warn: Callable[[str], None] = lambda _: None,
           progress=no_progress, sessions: Path | None = None, sessions_format: str | None = None,
-          no_text: bool = False, sentinel: str | None = None) -> RunResult:
+          no_text: bool = False, sentinel: str | None = None,
+          engine_args: tuple[str, ...] = ()) -> RunResult:
     """kvdiag probe, start to finish. `sessions`: a sessions file replayed instead of the
     suite's generated sessions; `no_text`: no prompt or answer text in the run's files
     (kvdiag.userdata); `sentinel`: a sentinel's file, 'off', or None (on in the run
-    directory for a local engine that has one)."""
+    directory for a local engine that has one); `engine_args`: flags for the server a local
+    target starts (each "FLAG VALUE" string split on spaces)."""
     from kvdiag.engines.local import running
     from kvdiag.record.rundir import RunDir, Timer
     from kvdiag.runners.live.probe_run import run_probe
@@ -175,6 +176,9 @@ def probe(suite: str, case: str | None = None, style: str | None = None, *,
     loaded, (chosen,) = load_cases(suite, case, style, one=True)
     loaded = userdata.with_sessions(loaded, sessions, sessions_format)  # before any server starts
     spec = endpoint_target(base_url, target, model)
+    if engine_args and not spec.is_local:
+        raise KvdiagError("--engine-arg is for a server kvdiag starts (a *-local target)")
+    args = tuple(part for arg in engine_args for part in arg.split())
     watch = sentinel_path(spec, sentinel)  # bad input: exit 2 before any server starts
     run = RunDir.resume(resume) if resume is not None else RunDir.begin(out_dir, f"probe-{loaded.name}")
     adapter = getattr(settings, "adapter", None)
@@ -182,7 +186,7 @@ def probe(suite: str, case: str | None = None, style: str | None = None, *,
         watch = run.path / SENTINEL_FILE
     if watch is not None:
         settings = dataclasses.replace(settings, sentinel=str(watch))
-    with (run, running(spec, loaded, chosen, model, run.path, info, adapter, watch) as served,
+    with (run, running(spec, loaded, chosen, model, run.path, info, adapter, watch, args) as served,
           progress(f"planning with {served.url}'s tokenizer") as update):
         if served.prefill_chunk and settings.prefill_chunk is None:
             settings = dataclasses.replace(settings, prefill_chunk=served.prefill_chunk)
@@ -195,5 +199,7 @@ def probe(suite: str, case: str | None = None, style: str | None = None, *,
     verdict = judge(measured)
     fields = summary_fields(measured, loaded, verdict, model_label=served.model_label,
                             target_spec=spec.spec if spec.is_local else None)
+    if args:
+        fields["server"] = fields["server"] | {"engine_args": list(args)}
     frame, fields = userdata.finish(measured.frame, fields, run.path, no_text)
     return finish_run(RunResult("probe", frame, ProbeSummary(**fields)), run, timer)

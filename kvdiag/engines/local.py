@@ -55,7 +55,7 @@ def adapter_dirs(adapter: str | None, model_dir: Path) -> dict[str, Path]:
 @contextmanager
 def running(target: Target, suite, case, model: str | None, log_dir: Path,
             info: Callable[[str], None] = lambda _: None, adapter: str | None = None,
-            sentinel: Path | None = None) -> Iterator[Served]:
+            sentinel: Path | None = None, engine_args: tuple[str, ...] = ()) -> Iterator[Served]:
     """The target while the run talks to it: a local engine is started on `model` (a
     directory; default: the suite's, else the canary), serving `adapter` too, its log in
     log_dir, its sentinel (if any) writing to `sentinel`, and stopped on exit; a URL target
@@ -66,7 +66,8 @@ def running(target: Target, suite, case, model: str | None, log_dir: Path,
     model_dir = Path(model or suite.model or target.engine.launcher().default_model())
     adapters = adapter_dirs(adapter, model_dir)
     info(f"starting {target.spec} (log: {Path(log_dir) / target.engine.log_name}) ...")
-    with live(target, suite, case, model_dir, log_dir, adapters=adapters, sentinel=sentinel) as served:
+    with live(target, suite, case, model_dir, log_dir, adapters=adapters, sentinel=sentinel,
+              engine_args=engine_args) as served:
         yield served
 
 
@@ -95,7 +96,8 @@ def sizes(engine: EngineSpec, suite, case, model_dir: Path) -> dict:
 @contextmanager
 def live(target: Target, suite, case, model_dir: Path, log_dir: Path,
          serve_reference: bool = False, serve_args: tuple[str, ...] = (),
-         adapters: dict[str, Path] | None = None, sentinel: Path | None = None) -> Iterator[Served]:
+         adapters: dict[str, Path] | None = None, sentinel: Path | None = None,
+         engine_args: tuple[str, ...] = ()) -> Iterator[Served]:
     """Start a local engine's server (log kept in log_dir; its pool sized from `suite` and
     `case`, or the engine's default without them). With `serve_reference`, a
     reference:ALLOCATOR target is served the same way by `kvdiag serve` (for runs that only
@@ -119,6 +121,8 @@ def live(target: Target, suite, case, model_dir: Path, log_dir: Path,
         kw["adapters"] = adapters
     if sentinel is not None:
         kw["sentinel"] = sentinel
+    if engine_args:
+        kw["extra_args"] = tuple(engine_args)  # appended to the engine's command line
     Path(log_dir).mkdir(parents=True, exist_ok=True)
     with cls(model_dir, fault=target.fault, log_path=Path(log_dir) / target.engine.log_name, **kw) as server:
         yield Served(dataclasses.replace(target, url=server.base_url), server.base_url,

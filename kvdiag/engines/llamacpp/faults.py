@@ -3,6 +3,13 @@
 its own) tied to the report whose shape it re-creates.
 
 Data only: a name is checked, and the catalog listed, before anything is built or started.
+
+A plant tried and dropped: `prompt_clear` without its `seq_rm` (a cleared slot keeping its
+cells, the shape of #27148). Measured: 8 new raw-text prompts, each landing on a cleared
+slot after six long conversations, departed 0 of 8 times from their twins, as on the stock
+build. Read from the source: before every prompt the server truncates the slot's sequence
+to its cached prefix again (server-context.cpp, "memory_seq_rm [n_past, end)"), which
+removes those cells, so the plant cannot act (docs/llamacpp.md).
 """
 
 from __future__ import annotations
@@ -15,23 +22,10 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
         "a slot's cached prefix is matched one token past the common prefix, so the first "
         "token that differs is served from the cells of the slot's previous prompt",
         "tools/server/server-context.cpp: the slot's n_past from get_common_prefix",
-        ("llama.cpp #12160 / #26676 family: a reused prefix longer than the tokens that match "
-         "(cached tokens beyond the common prefix)",),
+        ("no llama.cpp report: the class of SGLang PR #28692 and Mooncake #4153 (a prefix match "
+         "that runs past the common prefix), in llama.cpp's slot reuse",),
         (CORRUPTS_OUTPUT,),
         "a request whose prompt shares a prefix with what its slot held before, then differs",
-    ),
-    Fault(
-        "clear-keeps-cells", "cleared slot keeps its cells (lifecycle)",
-        "clearing a slot (LRU selection with no RAM-cache match, a purge of idle slots) "
-        "empties its token list but leaves its cells in the KV cache, still visible to the "
-        "slot's sequence: the next conversation on that slot reports 0 cached tokens and "
-        "attends to the previous one's K/V",
-        "tools/server/server-context.cpp: server_slot::prompt_clear (seq_rm left out)",
-        ("llama.cpp #27148 / PR #27624 (under concurrent load the prompt cache continues an "
-         "unrelated finished conversation, cached_tokens 0 in every corrupted reply)",),
-        (CORRUPTS_OUTPUT,),
-        "more conversations than slots, so a slot is cleared and handed to another one",
-        event="recycle",
     ),
 )}
 

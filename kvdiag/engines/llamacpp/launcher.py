@@ -42,8 +42,7 @@ class LlamacppLocal(EngineServer):
                  config: tuple[str, ...] = (), ctx: int | None = None,
                  log_path: str | Path | None = None, extra_args: tuple[str, ...] = (),
                  timeout: float = 300.0, served_model: str | None = None,
-                 adapters: dict[str, Path] | None = None, sentinel: str | Path | None = None,
-                 **_sizes) -> None:
+                 adapters: dict[str, Path] | None = None, sentinel: str | Path | None = None) -> None:
         fault = check_fault(fault)
         if adapters:
             raise KvdiagError("llamacpp-local serves no LoRA adapter yet: start llama-server "

@@ -109,3 +109,49 @@ def test_isolation_keeps_a_request_off_the_cache_and_salts_are_not_sent():
     assert body == {"prompt": [1, 2, 3], "cache_prompt": False}
     LLAMACPP.namespace(body, "kvdiag-run-1")
     assert "cache_salt" not in body and not LLAMACPP.namespaces
+
+
+def _row(store, phase, session, ids, sent, cached, salt=None):
+    from kvdiag.runners.live.endpoint import ChatResult
+
+    result = ChatResult(text="", tokens=[], top=[], logprobs=[], prompt_tokens=len(ids),
+                        cached_tokens=cached, finish_reason="length", sent=sent, done=sent + 0.5)
+    store.add(phase, session, 0, result, ids=list(ids), salt=salt, name=f"{phase} {session}",
+              family="slot", model=None)
+
+
+@pytest.mark.parametrize("namespaces", [True, False])
+def test_one_namespace_and_isolated_sources_where_the_engine_has_no_namespaces(tmp_path, namespaces):
+    """The bound on an engine keyed by tokens only (llama.cpp): a salt keeps nothing apart,
+    and an isolated twin (cache_prompt: false) still leaves its tokens in a slot, so a later
+    request may hit either. Where salts are namespaces (vLLM) the same hits are over-hits."""
+    from kvdiag.runners.live.coverage import key_coverage
+    from kvdiag.runners.live.differential import DIFF, DIFF_ISOLATED
+    from kvdiag.runners.live.pressure import ServerCache
+    from kvdiag.runners.live.store import RoundStore
+    from kvdiag.verdicts.live import over_hit
+
+    a, b = list(range(100, 140)), list(range(100, 120)) + list(range(500, 520))
+    store = RoundStore(tmp_path / "rounds.jsonl")
+    _row(store, DIFF, 0, a, 0.0, 0, salt="run")
+    _row(store, DIFF_ISOLATED, 0, b, 1.0, 0)  # the isolated twin of something with b's tokens
+    _row(store, DIFF, 1, b, 2.0, 39, salt="run")  # hits all of b but its last token: the twin's
+    _row(store, DIFF, 2, a, 3.0, 39, salt="other")  # all of a under another salt
+    store.close()
+    server = ServerCache(16, 512, "props")
+    got = key_coverage(None, store, [], server, {}, True, namespaces=namespaces)
+    oracle = got["oracle"]
+    over = {h["what"]: over_hit(h["cached"], h["bound"]) for h in oracle["hits"]}
+    assert oracle["checked"] == 3 and oracle["unreported"] == 0  # the twin is a source, not judged
+    assert over == {"differential pair 'diff 0' (slot)": False,
+                    "differential pair 'diff 1' (slot)": namespaces,
+                    "differential pair 'diff 2' (slot)": namespaces}
+
+
+def test_an_engine_flag_for_a_server_kvdiag_does_not_start_is_refused(tmp_path):
+    from kvdiag.commands.probe import probe
+
+    with pytest.raises(KvdiagError, match="--engine-arg is for a server kvdiag starts"):
+        probe("natural", base_url="http://127.0.0.1:9", model="m", out_dir=tmp_path / "p",
+              engine_args=("-np 2",))
+    assert not (tmp_path / "p").exists()  # refused before a run directory was made

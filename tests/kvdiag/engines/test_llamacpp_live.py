@@ -5,7 +5,7 @@ style by `--target llamacpp-local[:FAULT]`:
 - the stock build in its default configuration passes: its isolated twins (cache_prompt:
   false) report 0 cached tokens, the over-hit oracle holds every reported hit within what
   the requests before it allow (one namespace: llama.cpp keys its cache by tokens only), and
-  no decisive answer changed;
+  no decisive answer changed; so does it with two slots, and without the RAM prompt cache;
 - a fault planted by a source patch FAILs, exit 1, and the verdict names its binary's fault;
 - a GGUF that does not load is exit 2 with llama.cpp's own error line.
 
@@ -66,6 +66,19 @@ def test_the_stock_build_passes_in_its_default_configuration(gguf, tmp_path):
     assert oracle["available"] and oracle["unknown_ids"] == 0 and oracle["over_hits"] == 0, oracle
     assert summary["server"]["version"]  # llama.cpp's build_info
     assert (tmp_path / "p" / "llama-server.log").is_file()
+
+
+@pytest.mark.parametrize("row", ["-np 2", "--cache-ram 0"])
+def test_the_stock_build_passes_in_other_configuration_rows(gguf, tmp_path, row):
+    """Two slots (each conversation's prompt moves through fewer slots), and no RAM prompt
+    cache (a hit only from a slot's own tokens): the row is recorded with the run."""
+    run, summary = _probe("llamacpp-local", tmp_path / "p", f"--engine-arg={row}")
+    assert run.returncode == 0 and summary is not None, run.stderr[-3000:]
+    assert summary["verdict"] == "pass", summary["reason"]
+    assert summary["server"]["engine_args"] == row.split()
+    assert summary["key_coverage"]["oracle"]["over_hits"] == 0
+    if row == "-np 2":  # the server says what it runs with
+        assert summary["server"]["flags"]["total_slots"] == 2
 
 
 def test_a_prefix_match_one_token_too_long_fails_by_over_hits(gguf, tmp_path):
