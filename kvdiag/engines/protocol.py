@@ -19,29 +19,33 @@ namespace checks nor keeps the over-hit oracle's bounds apart by salt.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 
 import httpx
 
 Call = Callable[..., httpx.Response]  # Endpoint._sync: (method, path, **kw) -> response
+# the requests that tokenize one prompt, without I/O: each (path, body) is answered with its
+# JSON; the generator returns the ids (the endpoint drives it with sync calls, kvdiag watch
+# with async ones, so the shapes live here once)
+Steps = Generator[tuple[str, dict], dict, list[int]]
 
 
 class OpenAIProtocol:
     name = "openai"
     isolation = "cache_salt"  # how an isolated request is kept off the cache (as recorded)
     namespaces = True  # requests under different salts share no cached block
-    tokenize_path = "/tokenize"
     reset_paths = ("/reset_prefix_cache", "/flush_cache")
     prompt_logprobs = True  # it may give vLLM's prompt_logprobs (the probe asks before using them)
 
-    def tokenize_chat(self, call: Call, model: str, messages: list[dict],
-                      add_generation_prompt: bool) -> httpx.Response:
-        return call("POST", self.tokenize_path, json={
-            "model": model, "messages": messages, "add_generation_prompt": add_generation_prompt})
-
-    def tokenize(self, call: Call, model: str, text: str, add_special_tokens: bool) -> httpx.Response:
-        return call("POST", self.tokenize_path, json={"model": model, "prompt": text,
-                                                      "add_special_tokens": add_special_tokens})
+    def tokenize(self, model: str, prompt: dict, add_special: bool = True) -> Steps:
+        """The ids of `prompt`: {"messages": [...][, "add_generation_prompt"]} (through the
+        server's chat template) or {"prompt": text} (special tokens added where
+        `add_special`), as the server's own tokenizer gives them."""
+        body = {"model": model} | prompt
+        if "messages" not in prompt:
+            body["add_special_tokens"] = add_special
+        data = yield "/tokenize", body
+        return list(data["tokens"])
 
     def isolate(self, body: dict) -> None:
         """Keep this request off the prefix cache: a salt nobody else sends."""

@@ -56,7 +56,7 @@ class EngineServer:
     `base_url`, `served_model`, `version` (asked at VERSION_PATH once healthy), `log_path`."""
 
     NAME = "engine"
-    VERSION_PATH = "/version"
+    VERSION_PATH, VERSION_KEY = "/version", "version"  # where its version is asked, and read
     LOG_NAME = "engine.log"
     FAULT_ENV = ""  # the variable a fault name reaches the engine's kvdiag hook by
     SIZED = True  # its pool is sized from the suite's blocks (engines/local.py)
@@ -127,7 +127,7 @@ class EngineServer:
                                      timeout=self.timeout, error_line=self.ERROR_LINE)
         self._server.__enter__()
         r = self._server.get(self.VERSION_PATH)
-        self.version = r.json().get("version") if r.status_code == 200 else None
+        self.version = (r.json().get(self.VERSION_KEY) or None) if r.status_code == 200 else None
         return self
 
     def __exit__(self, *exc) -> None:

@@ -1,19 +1,15 @@
 """A prompt's token ids, asked of the upstream itself (its own chat template and tokenizer),
-in the shape its server speaks:
+in the shape its server speaks: its protocol's tokenize steps (kvdiag.engines.protocol;
+llama.cpp's through /apply-template and /tokenize {content}), driven with async calls.
 
-    openai    vLLM, kvdiag serve: POST /tokenize {model, messages | prompt} -> {tokens}
-    llamacpp  llama.cpp's llama-server: POST /apply-template {messages} -> {prompt}, then
-              POST /tokenize {content, add_special, parse_special} -> {tokens}, as its
-              completion endpoints tokenize (special tokens added and parsed)
-
-`detect` tells them apart by llama-server's GET /props. Whatever the shape, the checker holds
+`detect` tells llama-server apart by its GET /props. Whatever the shape, the checker holds
 the ids' count against the server's own `usage.prompt_tokens` before it trusts them."""
 
 from __future__ import annotations
 
 import httpx
 
-from kvdiag.engines.llamacpp.protocol import LLAMACPP
+from kvdiag.engines.llamacpp.protocol import LLAMACPP, is_llamacpp
 from kvdiag.engines.protocol import OPENAI
 from kvdiag.watch.exchange import Exchange
 
@@ -24,11 +20,11 @@ SHAPES = tuple(PROTOCOLS)
 async def detect(client: httpx.AsyncClient) -> str:
     try:
         r = await client.get("/props", timeout=5)
-        if r.status_code == 200 and "default_generation_settings" in r.json():
-            return "llamacpp"
+        if r.status_code == 200 and is_llamacpp(r.json()):
+            return LLAMACPP.name
     except (httpx.HTTPError, ValueError, TypeError):
         pass
-    return "openai"
+    return OPENAI.name
 
 
 async def prompt_ids(client: httpx.AsyncClient, ex: Exchange, shape: str) -> tuple[int, ...] | None:
@@ -37,18 +33,16 @@ async def prompt_ids(client: httpx.AsyncClient, ex: Exchange, shape: str) -> tup
     if isinstance(prompt, list):
         return tuple(prompt) if all(isinstance(t, int) for t in prompt) else None
     headers = {"Authorization": ex.auth} if ex.auth else {}
+    steps = PROTOCOLS[shape].tokenize(ex.model, ex.prompt)
     try:
-        if shape == "openai":
-            r = await client.post("/tokenize", json={"model": ex.model} | ex.prompt,
-                                  headers=headers)
-            return tuple(r.json()["tokens"]) if r.status_code == 200 else None
-        if "messages" in ex.prompt:
-            r = await client.post("/apply-template", json=ex.prompt, headers=headers)
+        path, body = next(steps)
+        while True:
+            r = await client.post(path, json=body, headers=headers)
             if r.status_code != 200:
                 return None
-            prompt = r.json()["prompt"]
-        r = await client.post("/tokenize", json={"content": prompt, "add_special": True,
-                                                 "parse_special": True}, headers=headers)
-        return tuple(r.json()["tokens"]) if r.status_code == 200 else None
+            try:
+                path, body = steps.send(r.json())
+            except StopIteration as done:
+                return tuple(done.value)
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         return None

@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import subprocess
 import sys
 from contextlib import contextmanager
 
@@ -68,18 +67,11 @@ def _perturb(data: dict) -> None:
 @contextmanager
 def proxied(upstream: str, mode: str, timeout: float = 60.0):
     """The proxy's URL while it runs."""
-    from tests.kvdiag.serving import free_port, wait_up
+    from tests.kvdiag.serving import running
 
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "tests.kvdiag.proxy", upstream, str(port), mode],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_up(proc, url + "/health", "the proxy", timeout)
+    with running(lambda port: [sys.executable, "-m", "tests.kvdiag.proxy", upstream, str(port), mode],
+                 "/health", "the proxy", timeout, output=False) as (url, _):
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 if __name__ == "__main__":

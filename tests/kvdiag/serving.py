@@ -41,39 +41,42 @@ def wait_up(proc: subprocess.Popen, url: str, what: str, timeout: float) -> None
 
 
 @contextmanager
-def served(*args: str, timeout: float = 120.0, env: dict[str, str] | None = None):
+def running(argv, health: str, what: str, timeout: float, *, env: dict[str, str] | None = None,
+            output: bool = True, stop_wait: float = 10.0):
+    """`argv(port)` as a subprocess on a free port, once GET `health` answers 200: (its URL,
+    the process). Its output is kept for the error when it exits early (`output`), else
+    dropped. Terminated on the way out, killed after `stop_wait` seconds."""
     port = free_port()
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
-    proc = subprocess.Popen([sys.executable, "-m", "kvdiag", "serve", "--port", str(port), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    sink = subprocess.PIPE if output else subprocess.DEVNULL
+    proc = subprocess.Popen(argv(port), stdout=sink, stderr=subprocess.STDOUT if output else sink,
+                            text=True, env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_up(proc, url + "/health", "kvdiag serve", timeout)
+        wait_up(proc, url + health, what, timeout)
         yield url, proc
     finally:
         proc.terminate()
         try:
-            proc.wait(timeout=10)
+            proc.wait(timeout=stop_wait)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@contextmanager
+def served(*args: str, timeout: float = 120.0, env: dict[str, str] | None = None):
+    with running(lambda port: [sys.executable, "-m", "kvdiag", "serve", "--port", str(port), *args],
+                 "/health", "kvdiag serve", timeout, env=env) as up:
+        yield up
 
 
 @contextmanager
 def watching(upstream: str, *args: str, timeout: float = 30.0):
     """`kvdiag watch --upstream UPSTREAM ARGS` on a free port, once /kvdiag/status answers:
     its URL. Stopped (its last window written) on the way out."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "kvdiag", "watch", "--upstream", upstream,
-                             "--listen", f"127.0.0.1:{port}", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_up(proc, url + "/kvdiag/status", "kvdiag watch", timeout)
+    with running(lambda port: [sys.executable, "-m", "kvdiag", "watch", "--upstream", upstream,
+                               "--listen", f"127.0.0.1:{port}", *args],
+                 "/kvdiag/status", "kvdiag watch", timeout, stop_wait=30) as (url, _):
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def smoke_pool() -> int:

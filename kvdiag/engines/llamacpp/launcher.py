@@ -5,7 +5,7 @@
 
 The stock binary is `make llamacpp-env`'s (build.py); a fault's binary is built from its
 patch the first time it is asked for. The server runs in its default configuration (slots
-chosen by llama.cpp, one unified KV cache, the RAM prompt cache) unless `config` adds
+chosen by llama.cpp, one unified KV cache, the RAM prompt cache) unless `extra_args` adds
 llama-server's own flags (`-np 2`, `--cache-ram 0`, `--cache-reuse 256`); `--metrics` and
 `--slots` are always on (the probe reads them), `--alias` names the model as served. The
 model is a GGUF file (or a folder holding one); default: SmolLM2-135M-Instruct from the
@@ -26,20 +26,19 @@ SPEC = ENGINES["llamacpp"]
 
 
 class LlamacppLocal(EngineServer):
-    """llama-server on `model` (a .gguf), healthy inside the `with` block. `config`: extra
-    llama-server flags, the configuration row it runs (recorded as given). `ctx`: -c, the
-    KV cache's cells over all slots (None: llama.cpp's default, the model's context).
-    Raises KvdiagError (exit 2): no build, an unknown fault or one whose patch does not
+    """llama-server on `model` (a .gguf), healthy inside the `with` block. `extra_args`:
+    llama-server's own flags, the configuration row it runs (`-np 2`, `-c 4096`; the probe's
+    --engine-arg). Raises KvdiagError (exit 2): no build, an unknown fault or one whose patch does not
     apply, not a GGUF, or a server that exits (the message ends with llama.cpp's last error
     line) or stays unhealthy."""
 
     BLOCK_SIZE = 1  # llama.cpp caches token by token (a KV cell per position)
     SIZED = False  # its pool is -c, not sized from a suite's blocks
     NAME, VERSION_PATH, LOG_NAME, FAULT_ENV = SPEC.label, "/props", SPEC.log_name, ""
+    VERSION_KEY = "build_info"  # b11434-sdist, or b11434-fault-NAME
     ERROR_LINE = r".*\b(error|failed)\b"  # llama.cpp's: "... error loading model: ..."
 
     def __init__(self, model_dir: str | Path | None = None, *, fault: str | None = None,
-                 config: tuple[str, ...] = (), ctx: int | None = None,
                  log_path: str | Path | None = None, extra_args: tuple[str, ...] = (),
                  timeout: float = 300.0, served_model: str | None = None,
                  adapters: dict[str, Path] | None = None, sentinel: str | Path | None = None) -> None:
@@ -50,7 +49,6 @@ class LlamacppLocal(EngineServer):
         if sentinel is not None:
             raise KvdiagError("llama.cpp has no kvdiag sentinel (its KV cache lives in C++)")
         self.server = fault_server(fault) if fault else stock_server()
-        self.config, self.ctx = tuple(config), ctx
         super().__init__(model_dir or self.default_model(), fault=fault, python=str(self.server),
                          log_path=log_path, extra_args=extra_args, timeout=timeout,
                          served_model=served_model or "smollm2")
@@ -88,15 +86,7 @@ class LlamacppLocal(EngineServer):
         args = [str(self.server), "-m", str(self.model_dir), "--host", "127.0.0.1",
                 "--port", str(self.port), "--alias", self.served_model, "--metrics", "--slots",
                 "--no-webui", "--offline"]
-        if self.ctx is not None:
-            args += ["-c", str(self.ctx)]
-        return args + list(self.config) + list(self.extra_args)
+        return args + list(self.extra_args)
 
     def environment(self) -> dict[str, str]:
         return self.base_environment() | library_path(self.server)
-
-    def __enter__(self):
-        super().__enter__()
-        r = self._server.get("/props")
-        self.version = (r.json().get("build_info") if r.status_code == 200 else None) or None
-        return self

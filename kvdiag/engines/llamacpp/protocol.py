@@ -14,20 +14,15 @@
 
 from __future__ import annotations
 
-from kvdiag.engines.protocol import Call, OpenAIProtocol
+from kvdiag.engines.protocol import Call, OpenAIProtocol, Steps
 
 PROMPT, CACHED = "llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cached_total"
 QUERIED = "llamacpp:prompt_tokens_queried_total"  # kvdiag's sum of the two (not llama.cpp's)
 
 
-class _Answer:
-    """A response-like value for a tokenize that took two calls (status, text, json())."""
-
-    def __init__(self, status_code: int, data: dict | None = None, text: str = "") -> None:
-        self.status_code, self._data, self.text = status_code, data or {}, text
-
-    def json(self) -> dict:
-        return self._data
+def is_llamacpp(props: dict | None) -> bool:
+    """Whether a server's GET /props answer is llama-server's."""
+    return isinstance(props, dict) and "default_generation_settings" in props
 
 
 class LlamacppProtocol(OpenAIProtocol):
@@ -37,26 +32,15 @@ class LlamacppProtocol(OpenAIProtocol):
     reset_paths = ()
     prompt_logprobs = False  # llama.cpp has no prompt logprobs (it ignores the field)
 
-    def tokenize_chat(self, call: Call, model: str, messages: list[dict], add_generation_prompt: bool):
-        r = call("POST", "/apply-template", json={"messages": messages,
-                                                  "add_generation_prompt": add_generation_prompt})
-        if r.status_code != 200:
-            return r
-        return self._tokenize(call, r.json()["prompt"], True)
-
-    def tokenize(self, call: Call, model: str, text: str, add_special_tokens: bool):
-        return self._tokenize(call, text, add_special_tokens)
-
-    @staticmethod
-    def _tokenize(call: Call, text: str, add_special: bool):
-        r = call("POST", "/tokenize", json={"content": text, "add_special": add_special,
-                                            "parse_special": True})
-        if r.status_code != 200:
-            return r
-        tokens = r.json().get("tokens")
-        if not isinstance(tokens, list):
-            return _Answer(502, text=f"/tokenize gave no token list: {r.text[:160]}")
-        return _Answer(200, {"tokens": [t if isinstance(t, int) else t["id"] for t in tokens]})
+    def tokenize(self, model: str, prompt: dict, add_special: bool = True) -> Steps:
+        """A chat goes through /apply-template first; /tokenize then adds and parses special
+        tokens as llama.cpp's completion endpoints do (its pieces form read as ids)."""
+        text = prompt.get("prompt")
+        if "messages" in prompt:
+            data = yield "/apply-template", {k: v for k, v in prompt.items() if k != "model"}
+            text, add_special = data["prompt"], True
+        data = yield "/tokenize", {"content": text, "add_special": add_special, "parse_special": True}
+        return [t if isinstance(t, int) else t["id"] for t in data["tokens"]]
 
     def isolate(self, body: dict) -> None:
         body["cache_prompt"] = False

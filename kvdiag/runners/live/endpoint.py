@@ -85,14 +85,26 @@ class Endpoint(ServerIdentity):
     def tokenize_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         key = json.dumps([messages, add_generation_prompt])
         if key not in self._count_cache:
-            r = self.protocol.tokenize_chat(self._sync, self.model, messages, add_generation_prompt)
+            self._count_cache[key] = self._tokens(self.protocol.tokenize(self.model, {
+                "messages": messages, "add_generation_prompt": add_generation_prompt}))
+        return self._count_cache[key]
+
+    def _tokens(self, steps) -> list[int]:
+        """Drive a protocol's tokenize steps (engines/protocol.py) with this endpoint's calls;
+        EndpointError on an answer other than 200 (a 404 also marks the server as having no
+        tokenizer endpoint)."""
+        path, body = next(steps)
+        while True:
+            r = self._sync("POST", path, json=body)
             if r.status_code == 404:
                 self.has_tokenize = False
-                raise EndpointError(f"{self.base} has no /tokenize endpoint")
+                raise EndpointError(f"{self.base} has no {path} endpoint")
             if r.status_code != 200:
-                raise EndpointError(f"/tokenize answered HTTP {r.status_code}: {r.text[:200]}")
-            self._count_cache[key] = r.json()["tokens"]
-        return self._count_cache[key]
+                raise EndpointError(f"{path} answered HTTP {r.status_code}: {r.text[:200]}")
+            try:
+                path, body = steps.send(r.json())
+            except StopIteration as done:
+                return done.value
 
     def count_by_usage(self, messages: list[dict] | None = None, prompt: str | None = None) -> int:
         """Fallback when the server has no /tokenize: the prompt token count that a one-token
@@ -111,10 +123,7 @@ class Endpoint(ServerIdentity):
         return len(self._count_cache[key])
 
     def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        r = self.protocol.tokenize(self._sync, self.model, text, add_special_tokens)
-        if r.status_code != 200:
-            raise EndpointError(f"/tokenize answered HTTP {r.status_code}: {r.text[:200]}")
-        return r.json()["tokens"]
+        return self._tokens(self.protocol.tokenize(self.model, {"prompt": text}, add_special_tokens))
 
     async def _generate(self, path: str, what: str, cache_salt: str | None, body: dict,
                         auth: str | None = None, isolated: bool = False) -> dict:

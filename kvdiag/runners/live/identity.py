@@ -10,6 +10,7 @@ import hashlib
 import json
 from functools import cached_property
 
+from kvdiag.engines.llamacpp.protocol import is_llamacpp
 from kvdiag.engines.spec import ENGINES, CacheCounters
 from kvdiag.errors import KvdiagError
 
@@ -46,7 +47,7 @@ class ServerIdentity:
             return "kvdiag-serve", str(info.get("version", "unknown"))
         if "version" in self.server_info:
             return "sglang", str(self.server_info["version"])
-        if "default_generation_settings" in self.props:
+        if is_llamacpp(self.props):
             return "llamacpp", str(self.props.get("build_info", "unknown"))
         if version and "version" in version:
             return "vllm", str(version["version"])

@@ -76,7 +76,7 @@ def read_server_cache(endpoint: Endpoint, suite_block_size: int, *, block_size: 
         bs = block_size or suite_block_size
         flags = {"n_ctx": int(settings["n_ctx"]), "total_slots": endpoint.props.get("total_slots")}
         return ServerCache(bs, num_blocks or int(settings["n_ctx"]) // bs, "props",
-                           str(endpoint.props.get("build_info")) or version, flags)
+                           endpoint.props.get("build_info") or version, flags)
     if block_size or num_blocks:
         return ServerCache(block_size or suite_block_size, num_blocks, "flags", version, labels)
     return ServerCache(suite_block_size, None, "suite", version, labels)
