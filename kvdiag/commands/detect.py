@@ -132,13 +132,13 @@ def live_row(engine: EngineSpec, name: str, fault: Fault | None, suite: str, cas
     s = result.summary
     probe = s if isinstance(s, ProbeSummary) else None  # else the isolation audit's
     firsts = (probe.first_divergences or []) if probe else []
-    over = (probe.key_coverage.get("oracle") or {}) if probe else {}
+    over = probe.key_coverage.oracle.examples if probe else []
     # the request (in landing order) of the first detection, by any channel
-    landed = [f.get("index") for f in firsts] + [e.get("index") for e in over.get("examples", [])]
+    landed = [f.index for f in firsts] + [e.index for e in over]
     landed = [i for i in landed if i is not None]
     return row(name, fault, "live", result.verdict, s.reason, time.perf_counter() - t0,
                corrupted=probe.corrupted_requests if probe else None,
-               first_round=firsts[0]["round"] if firsts else None,
+               first_round=firsts[0].round if firsts else None,
                requests_to_first=min(landed) + 1 if landed else None,
                numerics=probe.numerics_requests if probe else None, run_dir=str(result.run_dir),
                caught_by=_live_channels(s))
@@ -150,12 +150,10 @@ def _live_channels(s: ProbeSummary | IsolationSummary) -> str:
     the isolation audit."""
     if isinstance(s, IsolationSummary):
         return "isolation" if s.verdict is Verdict.FAIL else "-"
-    over = (s.key_coverage.get("oracle") or {}).get("over_hits", 0)
     found = [("sentinel", s.sentinel.bad if s.sentinel else 0),
-             ("over-hit", over), ("answer", s.corrupted_requests),
-             ("logprobs", s.prompt_logprobs.get("mismatched", 0)),
-             ("top-k", s.topk.get("departed", 0)),
-             ("ground truth", s.ground_truth.get("contaminated", 0))]
+             ("over-hit", s.key_coverage.oracle.over_hits), ("answer", s.corrupted_requests),
+             ("logprobs", s.prompt_logprobs.mismatched), ("top-k", s.topk.departed),
+             ("ground truth", s.ground_truth.contaminated)]
     return ",".join(what for what, n in found if n) or "-"
 
 

@@ -48,7 +48,7 @@ def forwarding(update: Callable[..., None]) -> Callable[..., AbstractContextMana
     return progress
 
 
-def stamp(summary: Summary, timer: Timer, engine_version: str | None = None) -> None:
+def stamp(summary: Summary, timer: Timer, engine: tuple[str, str] | None = None) -> None:
     """What every summary.json ends with: wall time, the (redacted) command, when, and how
     it was made."""
     from kvdiag.record.cmdline import command_line
@@ -58,16 +58,17 @@ def stamp(summary: Summary, timer: Timer, engine_version: str | None = None) -> 
     summary.command = command_line()
     summary.created = now_iso()
     summary.schema_version = SCHEMA_VERSION
-    summary.environment = describe_environment(vllm_version=engine_version)
+    summary.environment = describe_environment(engine=engine)
 
 
-def _engine_version(summary: Summary) -> str | None:
-    """The vLLM version a run measured: the live server's, or the in-process audit's."""
-    if isinstance(summary, ProbeSummary):
-        return summary.server.get("vllm_version")
-    if isinstance(summary, ReproduceSummary | AuditSummary):
-        return (summary.vllm_audit or {}).get("vllm_version")
-    return None
+def _engine_version(summary: Summary) -> tuple[str, str] | None:
+    """(engine, version) a run measured: the live server's, or the in-process vLLM audit's."""
+    if isinstance(summary, ProbeSummary) and summary.server.engine and summary.server.engine_version:
+        return summary.server.engine, summary.server.engine_version
+    audit = getattr(summary, "vllm_audit", None) or {}
+    sections = [audit] if isinstance(summary, AuditSummary) else list(audit.values())
+    version = next((s["vllm_version"] for s in sections if s.get("vllm_version")), None)
+    return ("vllm", version) if version else None
 
 
 def finish_run(result: RunResult, run: RunDir, timer: Timer, *, history=None,

@@ -18,6 +18,7 @@ from pathlib import Path
 from kvdiag.commands.lifecycle import finish_run, no_progress
 from kvdiag.errors import KvdiagError
 from kvdiag.planning.suites import Suite, load_cases
+from kvdiag.record.evidence import KeyCoverage, ServerBlock
 from kvdiag.record.results import RunResult, Signature
 from kvdiag.record.summary import ProbeSummary
 from kvdiag.runners.live.phases import ISOLATED, SHARED, ProbeSettings
@@ -67,25 +68,25 @@ def evidence(run: ProbeRun) -> ProbeEvidence:
     pool = "unknown" if run.server.num_blocks is None else f"{run.server.num_blocks} blocks"
     shared = run.shared
     departed = shared[shared["first_divergence"].notna()]
-    pairs = run.key_coverage.get("differential", [])
+    pairs = run.key_coverage.differential
     divergences = [(str(int(r)), float(m)) for r, m in zip(departed["round"], departed["divergence_margin"])]
-    divergences += [("differential", p["margin"]) for p in pairs
-                    if p["margin"] is not None and p["margin"] == p["margin"]]
-    life = run.lifecycle.get("requests", [])
-    divergences += [(f"lifecycle {q['group']}", q["margin"]) for q in life if q["margin"] == q["margin"]]
-    oracle = run.key_coverage.get("oracle", {})
+    divergences += [("differential", p.margin) for p in pairs
+                    if p.margin is not None and p.margin == p.margin]
+    life = run.lifecycle.divergences
+    divergences += [(f"lifecycle {q.group}", q.margin) for q in life if q.margin == q.margin]
+    oracle = run.key_coverage.oracle
     return ProbeEvidence(
-        divergences=divergences, floor_margins=run.noise_floor["margins"],
-        numerics_margin=run.noise_floor["numerics_margin"], isolated=run.ground_truth["isolated"],
-        contaminated=run.ground_truth["contaminated"], unchecked=run.ground_truth["unchecked"],
-        isolation=run.traffic["isolation"], recycling=run.recycling,
+        divergences=divergences, floor_margins=run.noise_floor.margins,
+        numerics_margin=run.noise_floor.numerics_margin, isolated=run.ground_truth.isolated,
+        contaminated=run.ground_truth.contaminated, unchecked=run.ground_truth.unchecked,
+        isolation=run.traffic.isolation, recycling=run.recycling,
         pool=f"{pool} of {run.server.block_size} tokens, {len(run.pressure)} pressure sessions",
-        hits=oracle.get("hits", []), oracle=oracle,
-        logprob_departures=run.prompt_logprobs.get("departed", []),
-        answered=len(shared) + sum(p["margin"] is not None for p in pairs) + len(life),
-        requires_recycling=not run.traffic.get("differential_only", False),
-        topk=[(w, d) for w, d in run.topk.get("distances", [])], topk_floor=run.topk.get("floor", []),
-        events=run.lifecycle.get("events", []), required=tuple(run.traffic.get("require", ())),
+        hits=oracle.hits, oracle=oracle,
+        logprob_departures=run.prompt_logprobs.departed,
+        answered=len(shared) + sum(p.margin is not None for p in pairs) + len(life),
+        requires_recycling=not run.traffic.differential_only,
+        topk=run.topk.shifts, topk_floor=run.topk.floor_shifts,
+        events=run.lifecycle.events, required=tuple(run.traffic.require),
         sentinel=run.sentinel)
 
 
@@ -114,42 +115,30 @@ def summary_fields(run: ProbeRun, suite: Suite, verdict: Judgement, *, model_lab
         # every request that departed decisively, any phase (differential, shared, lifecycle)
         "corrupted_requests": verdict.details.get("corrupted", run.count("corruption")),
         "numerics_requests": run.count("numerics"), "noise_floor": run.noise_floor,
-        "isolation": run.traffic["isolation"],
+        "isolation": run.traffic.isolation,
         "server_prefix_cache": run.prefix_cache,
-        "server": run.server.as_dict() | {"suite_pool": run.plan.schedule.num_blocks,
-                                          "engine": run.engine["name"],
-                                          "engine_version": run.engine["version"]},
+        "server": ServerBlock(**run.server.as_dict(), suite_pool=run.plan.schedule.num_blocks,
+                              engine=run.engine["name"], engine_version=run.engine["version"]),
         "recycling": run.recycling, "first_divergences": run.first_divergences or None,
         "inconclusive_reason": verdict.reason if verdict.verdict is Verdict.INCONCLUSIVE else None,
         "ground_truth": run.ground_truth, "divergence_by_request": run.by_request,
         "traffic": run.traffic, "prompt_logprobs": run.prompt_logprobs,
         "key_coverage": _key_coverage(run, verdict), "target_spec": target_spec,
         "sessions_file": getattr(run.plan, "user", None),  # --sessions (kvdiag.userdata)
-        "events": run.lifecycle.get("events", []), "lifecycle": _lifecycle(run, verdict),
+        "events": run.lifecycle.events,
+        "lifecycle": run.lifecycle.model_copy(update={"missing": verdict.details.get("events_missing", [])}),
         "sentinel": run.sentinel,
-        "topk": {"positions": run.topk.get("positions"), "compared": len(run.topk.get("distances", [])),
-                 "floor": max(run.topk.get("floor", []), default=None),
-                 "threshold": verdict.details.get("topk_threshold"),
-                 "departed": verdict.details.get("topk_departed", 0),
-                 "largest": max((d for _, d in run.topk.get("distances", [])), default=None)}}
+        "topk": run.topk.model_copy(update={"threshold": verdict.details.get("topk_threshold"),
+                                            "departed": verdict.details.get("topk_departed", 0)})}
 
 
-def _lifecycle(run: ProbeRun, verdict: Judgement) -> dict:
-    """summary.json's lifecycle: the phase's sizing, what it skipped, and its requests' count."""
-    life = run.lifecycle
-    return {"requests": len(life.get("requests", [])), "sizing": life.get("sizing", {}),
-            "skipped": life.get("skipped", {}), "required": list(run.traffic.get("require", ())),
-            "missing": verdict.details.get("events_missing", [])}
-
-
-def _key_coverage(run: ProbeRun, verdict: Judgement) -> dict:
-    """summary.json's key_coverage: the oracle's counts and the over-hits the judge found (not
-    every request's bound), and the differential phase's pairs."""
-    oracle = {k: v for k, v in run.key_coverage.get("oracle", {}).items() if k != "hits"}
-    return {"oracle": oracle | {"over_hits": verdict.details.get("over_hits", 0),
-                                "examples": verdict.details.get("over_hit_examples", [])},
-            "differential": run.key_coverage.get("differential", []),
-            "differential_skipped": run.key_coverage.get("differential_skipped", [])}
+def _key_coverage(run: ProbeRun, verdict: Judgement) -> KeyCoverage:
+    """summary.json's key_coverage: the oracle's counts and the over-hits the judge found (every
+    request's bound stays out of the file), and the differential phase's pairs."""
+    kc = run.key_coverage
+    oracle = kc.oracle.model_copy(update={"over_hits": verdict.details.get("over_hits", 0),
+                                          "examples": verdict.details.get("over_hit_examples", [])})
+    return kc.model_copy(update={"oracle": oracle})
 
 
 def probe(suite: str, case: str | None = None, style: str | None = None, *,
@@ -200,6 +189,6 @@ def probe(suite: str, case: str | None = None, style: str | None = None, *,
     fields = summary_fields(measured, loaded, verdict, model_label=served.model_label,
                             target_spec=spec.spec if spec.is_local else None)
     if args:
-        fields["server"] = fields["server"] | {"engine_args": list(args)}
+        fields["server"].engine_args = list(args)
     frame, fields = userdata.finish(measured.frame, fields, run.path, no_text)
     return finish_run(RunResult("probe", frame, ProbeSummary(**fields)), run, timer)

@@ -23,6 +23,8 @@ from collections.abc import Callable, Generator
 
 import httpx
 
+from kvdiag.engines import routes
+
 Call = Callable[..., httpx.Response]  # Endpoint._sync: (method, path, **kw) -> response
 # the requests that tokenize one prompt, without I/O: each (path, body) is answered with its
 # JSON; the generator returns the ids (the endpoint drives it with sync calls, kvdiag watch
@@ -34,7 +36,7 @@ class OpenAIProtocol:
     name = "openai"
     isolation = "cache_salt"  # how an isolated request is kept off the cache (as recorded)
     namespaces = True  # requests under different salts share no cached block
-    reset_paths = ("/reset_prefix_cache", "/flush_cache")
+    reset_paths = routes.RESET
     prompt_logprobs = True  # it may give vLLM's prompt_logprobs (the probe asks before using them)
 
     def tokenize(self, model: str, prompt: dict, add_special: bool = True) -> Steps:

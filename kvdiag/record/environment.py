@@ -20,19 +20,19 @@ PACKAGES = {"kvdiag": "kvdiag", "torch": "torch", "transformers": "transformers"
             "spacy": "spacy", "sacrebleu": "sacrebleu"}
 
 
-def describe_environment(*, vllm_version: str | None = None,
+def describe_environment(*, engine: tuple[str, str] | None = None,
                          spacy_model: str | None = None) -> dict:
     """The environment block: {"packages": {name: version | None}, "spacy_models": {...},
     "python", "platform", "machine", "cpu", "cpu_count", "git": {"commit", "dirty"} | None}.
 
-    `vllm_version`: the vLLM the run used (a live server reports its own), added as
-    packages["vllm"]; omitted when None. `spacy_model`: the model name the fact checker was
+    `engine`: (name, version) of the engine the run measured (a live server reports its
+    own; vllm for the in-process audit), added as packages[name]; omitted when None. `spacy_model`: the model name the fact checker was
     asked for; listed with its version, or None when it is not installed (the checker then
     falls back to a blank pipeline). Every installed spaCy model is listed as well.
     """
     packages = {key: _version(dist) for dist, key in PACKAGES.items()}
-    if vllm_version is not None:
-        packages["vllm"] = vllm_version
+    if engine is not None:
+        packages[engine[0]] = engine[1]
     models = installed_spacy_models()
     if spacy_model:
         models.setdefault(spacy_model, _version(spacy_model))

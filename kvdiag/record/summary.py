@@ -28,6 +28,19 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kvdiag.record.evidence import (
+    FirstDivergence,
+    GroundTruth,
+    KeyCoverage,
+    Lifecycle,
+    NoiseFloor,
+    PromptLogprobs,
+    Recycling,
+    ServerBlock,
+    SessionsFile,
+    TopK,
+    Traffic,
+)
 from kvdiag.record.sentinel import SentinelBlock
 from kvdiag.record.summary_rows import CompareTarget, EventRow, Num, Opt, RegressBlock, RoundRow
 from kvdiag.verdicts import Verdict
@@ -131,41 +144,28 @@ class ProbeSummary(Summary):
     corruption_rounds: list[int]
     corrupted_requests: int
     numerics_requests: int
-    noise_floor: dict[str, Any] = Field(description="repeated isolated runs: pairs, the margin of "
-                                        "each that diverged, and the numerics margin it is held to")
+    noise_floor: NoiseFloor = Field(default_factory=NoiseFloor)
     isolation: Literal["cache_salt", "cache_prompt", "reset_prefix_cache"]
     server_prefix_cache: dict[str, Opt]
-    server: dict[str, Any]
-    recycling: dict[str, Any]
-    first_divergences: list[dict[str, Any]] | None = None
+    server: ServerBlock = Field(default_factory=ServerBlock)
+    recycling: Recycling = Field(default_factory=Recycling)
+    first_divergences: list[FirstDivergence] | None = None
     inconclusive_reason: str | None = None
-    ground_truth: dict[str, Any] = Field(
-        default_factory=dict, description="isolated requests, and those that reported cached tokens")
+    ground_truth: GroundTruth = Field(default_factory=GroundTruth)
     divergence_by_request: list[dict[str, Num]] = Field(
         default_factory=list, description="divergence rate by request index, in windows, so slow "
         "decay over a long run shows")
-    traffic: dict[str, Any] = Field(
-        default_factory=dict, description="what the shared traffic held: spread offsets, twins, "
-        "an adapter (kvdiag.planning.plan)")
-    prompt_logprobs: dict[str, Any] = Field(
-        default_factory=dict, description="twins' prompt logprobs checked against their isolated "
-        "rounds': checked, mismatched, rounds")
-    key_coverage: dict[str, Any] = Field(
-        default_factory=dict, description="the over-hit oracle (requests checked, over-hits and "
-        "their examples) and the differential phase's pairs (kvdiag.runners.live.coverage)")
+    traffic: Traffic = Field(default_factory=Traffic)
+    prompt_logprobs: PromptLogprobs = Field(default_factory=PromptLogprobs)
+    key_coverage: KeyCoverage = Field(default_factory=KeyCoverage)
     target_spec: str | None = None
     events: list[EventRow] = Field(
         default_factory=list, description="the coverage table: one row per event of a block's "
         "life, reached or not, with the server's evidence and the requests exposed "
         "(kvdiag.runners.live.events)")
-    lifecycle: dict[str, Any] = Field(
-        default_factory=dict, description="the lifecycle phase: its requests, how it was sized from "
-        "the server, the groups it could not send and why, the events required and missing")
-    topk: dict[str, Any] = Field(
-        default_factory=dict, description="the second channel: the first tokens' top-k logprob "
-        "shifts against the isolated runs, their noise floor, the threshold and departures")
-    sessions_file: dict[str, Any] | None = Field(None, description="--sessions: the file, kept, "
-        "skipped (over the context), rounds, the fact check's pipeline (kvdiag.userdata)")
+    lifecycle: Lifecycle = Field(default_factory=Lifecycle)
+    topk: TopK = Field(default_factory=TopK)
+    sessions_file: SessionsFile | None = None
     text: Literal["kept", "withheld"] = Field("kept", description="withheld: --no-text")
     sentinel: SentinelBlock | None = Field(None, description="what a sentinel inside the server "
                                            "checked, and every bad read it saw (kvdiag.sentinel)")

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from kvdiag.errors import KvdiagError
 from kvdiag.metrics.decay import REFERENCE_ALLOCATORS
+from kvdiag.record.evidence import SessionsFile
 from kvdiag.record.summary import (
     AuditSummary,
     CompareSummary,
@@ -200,14 +201,14 @@ def _measured_bleu(table: DataFrame, summary: Summary) -> DataFrame:
     return table
 
 
-def _sessions_note(f: dict | None) -> str | None:
+def _sessions_note(f: SessionsFile | None) -> str | None:
     """One line on the sessions file a probe replayed (its summary's `sessions_file`, a block
     kvdiag.userdata describes), or None."""
-    if not f:
+    if f is None:
         return None
-    check = (f.get("fact_check") or {}).get("pipeline", "?")
-    return (f"{f['file']} ({f['format']}): {f['sessions']} conversations x {f['rounds']} rounds, "
-            f"{f['skipped_too_long']} skipped as longer than the server's context; fact check: {check}")
+    check = f.fact_check.pipeline if f.fact_check else None
+    return (f"{f.file} ({f.format}): {f.sessions} conversations x {f.rounds} rounds, "
+            f"{f.skipped_too_long} skipped as longer than the server's context; fact check: {check or '?'}")
 
 
 def _other_departures(table: DataFrame, cases: list[str], main: str):

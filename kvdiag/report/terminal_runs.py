@@ -10,6 +10,7 @@ from kvdiag.verdicts import Verdict
 from kvdiag.vocab import CONTIGUOUS
 
 if TYPE_CHECKING:
+    from kvdiag.record.evidence import KeyCoverage, TopK
     from kvdiag.record.summary import ReproduceSummary
     from kvdiag.record.summary_rows import EventRow
 
@@ -85,22 +86,22 @@ def render_probe(result) -> list:
                       str(int((kinds == "corruption").sum())), fmt(r.block_reuse_rate, ".2f"),
                       style="red" if (kinds == "corruption").any() else None)
     nf, pc = s.noise_floor, s.server_prefix_cache
-    lines = [table, f"noise floor: {nf['diverged_pairs']}/{nf['pairs']} repeated isolated requests "
-             f"diverged, largest margin {nf['margin']:.3f} nats (a stable ground truth stays within "
-             f"the numerics margin, {nf['numerics_margin']:.3f} nats)"]
+    lines = [table, f"noise floor: {nf.diverged_pairs}/{nf.pairs} repeated isolated requests "
+             f"diverged, largest margin {nf.margin:.3f} nats (a stable ground truth stays within "
+             f"the numerics margin, {nf.numerics_margin:.3f} nats)"]
     if pc.get("hit_rate") is not None:
         lines.append(f"server prefix cache (shared phase): {pc['hits']:.0f}/{pc['queries']:.0f} "
                      f"tokens hit ({pc['hit_rate']:.1%})")
     recycling = s.recycling
-    if recycling:
-        seen = "observed" if recycling.get("observed") else "NOT observed"
-        lines.append(f"block recycling: {seen} ({recycling.get('how') or 'no sign of it'})")
+    if "recycling" in s.model_fields_set:
+        seen = "observed" if recycling.observed else "NOT observed"
+        lines.append(f"block recycling: {seen} ({recycling.how or 'no sign of it'})")
     truth = s.ground_truth
-    if truth.get("isolated"):
-        lines.append(f"ground truth: {truth['contaminated']} of {truth['isolated']} isolated requests "
-                     f"reported cached tokens (must be 0), {truth.get('unchecked', 0)} reported no "
+    if truth.isolated:
+        lines.append(f"ground truth: {truth.contaminated} of {truth.isolated} isolated requests "
+                     f"reported cached tokens (must be 0), {truth.unchecked} reported no "
                      "count (must be 0)")
-    lines += _key_coverage_lines(s.key_coverage)
+    lines += _key_coverage_lines(s.key_coverage, "oracle" in s.key_coverage.model_fields_set)
     lines += _event_lines(s.events, s.topk)
     what = ""
     if result.verdict is Verdict.FAIL and not s.corrupted_requests:
@@ -111,16 +112,16 @@ def render_probe(result) -> list:
         what = f"corruption {where} ({s.corrupted_requests} requests; {s.numerics_requests} numerics)"
         first = (s.first_divergences or [None])[0]
         if first and s.text == "withheld":  # --no-text: no token quoted
-            what += f"; first divergent token: round {first['round']} {first['session']}"
+            what += f"; first divergent token: round {first.round} {first.session}"
         elif first:
-            what += (f"; first divergent token: round {first['round']} {first['session']}: "
-                     f"{first['shared_token']!r} instead of {first['isolated_token']!r}")
+            what += (f"; first divergent token: round {first.round} {first.session}: "
+                     f"{first.shared_token!r} instead of {first.isolated_token!r}")
     elif result.verdict is Verdict.PASS:
         what = f"no divergence beyond the noise floor ({s.numerics_requests} numerics)"
     return lines + [headline(result, what), *footer(result)]
 
 
-def _event_lines(events: list[EventRow], topk: dict) -> list:
+def _event_lines(events: list[EventRow], topk: TopK) -> list:
     """The coverage table (one row per event of a block's life) and the second channel."""
     out: list = []
     if events:
@@ -132,26 +133,27 @@ def _event_lines(events: list[EventRow], topk: dict) -> list:
             table.add_row(r.event, "yes" if r.reached else "NO", str(r.requests), r.evidence,
                           style=None if r.reached else "yellow")
         out.append(table)
-    if topk.get("compared"):
-        out.append(f"top-k logprobs (first {topk['positions']} tokens): {topk['compared']} requests "
-                   f"compared, largest shift {fmt(topk.get('largest'), '.3f')} nats, floor "
-                   f"{fmt(topk.get('floor'), '.3f')}, threshold {fmt(topk.get('threshold'), '.2f')}, "
-                   f"{topk.get('departed', 0)} beyond it")
+    if topk.compared:
+        out.append(f"top-k logprobs (first {topk.positions} tokens): {topk.compared} requests "
+                   f"compared, largest shift {fmt(topk.largest, '.3f')} nats, floor "
+                   f"{fmt(topk.floor, '.3f')}, threshold {fmt(topk.threshold, '.2f')}, "
+                   f"{topk.departed} beyond it")
     return out
 
 
-def _key_coverage_lines(kc: dict) -> list[str]:
-    """The over-hit oracle and the differential phase, as the judge left them."""
-    oracle, pairs = kc.get("oracle") or {}, kc.get("differential") or []
+def _key_coverage_lines(kc: KeyCoverage, shown: bool) -> list[str]:
+    """The over-hit oracle (where the run wrote one: `shown`) and the differential phase, as
+    the judge left them."""
+    oracle, pairs = kc.oracle, kc.differential
     lines = []
-    if oracle:
-        lines.append(f"over-hit oracle: {oracle.get('checked', 0)} requests checked (unit "
-                     f"{oracle.get('unit')} tokens), {oracle.get('over_hits', 0)} over the bound"
-                     if oracle.get("available") else "over-hit oracle: unavailable (no cached-token "
+    if shown:
+        lines.append(f"over-hit oracle: {oracle.checked} requests checked (unit "
+                     f"{oracle.unit} tokens), {oracle.over_hits} over the bound"
+                     if oracle.available else "over-hit oracle: unavailable (no cached-token "
                      "counts or no token ids)")
     if pairs:
-        families = sorted({p["family"] for p in pairs})
-        skipped = kc.get("differential_skipped") or []
+        families = sorted({p.family or "?" for p in pairs})
+        skipped = kc.differential_skipped
         lines.append(f"differential phase: {len(pairs)} requests ({', '.join(families)})"
                      + (f"; skipped: {'; '.join(skipped)}" if skipped else ""))
     return lines

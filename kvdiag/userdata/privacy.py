@@ -15,6 +15,8 @@ import hashlib
 import json
 from pathlib import Path
 
+from kvdiag.record.evidence import FirstDivergence, PromptLogprobs
+
 TEXT_COLUMNS = ("output_text", "reference_text", "expected_text")
 ID_COLUMNS = ("output_token_ids", "reference_token_ids")
 ROW_TEXT = ("text",)  # rounds.jsonl keys holding text, hashed
@@ -43,10 +45,10 @@ def withhold_frame(frame):
 
 def withhold_fields(fields: dict) -> dict:
     """ProbeSummary's fields without the tokens they quote."""
-    firsts = [f | {"shared_token": None, "isolated_token": None} for f in fields.get("first_divergences") or []]
-    plp = dict(fields.get("prompt_logprobs") or {})
-    if plp.get("examples"):
-        plp["examples"] = [e | {"shared": None, "isolated": None} for e in plp["examples"]]
+    firsts = [FirstDivergence.model_validate(f).model_copy(update={"shared_token": None, "isolated_token": None})
+              for f in fields.get("first_divergences") or []]
+    plp = PromptLogprobs.model_validate(fields.get("prompt_logprobs") or {})
+    plp.examples = [e.model_copy(update={"shared": None, "isolated": None}) for e in plp.examples]
     return fields | {"first_divergences": firsts or None, "prompt_logprobs": plp}
 
 

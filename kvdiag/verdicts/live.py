@@ -5,9 +5,14 @@ counts (kvdiag.runners.live); only these functions say what they mean."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kvdiag.verdicts.core import Judgement, Verdict
 from kvdiag.verdicts.sentinel import sentinel_blind, sentinel_covered, sentinel_finding
+
+if TYPE_CHECKING:
+    from kvdiag.record.evidence import BoundedHit, Oracle, Recycling
+    from kvdiag.record.summary_rows import EventRow
 
 # How each live server's flag that makes it report cached tokens reads, for the messages.
 CACHED_TOKEN_FLAGS = ("vLLM: --enable-prompt-tokens-details; SGLang: --enable-cache-report; "
@@ -57,11 +62,11 @@ class ProbeEvidence:
     numerics_margin  nats: the most a near-tie may be preferred by and still be numerics
     isolated         isolated requests sent; `contaminated` reported cached tokens > 0,
                      `unchecked` reported no count at all
-    recycling        {"observed": bool, "how": str}; `requires_recycling` False for a run of
+    recycling        kvdiag.record.evidence.Recycling; `requires_recycling` False for a run of
                      the differential phase alone (key coverage needs no recycling)
-    hits             per request the oracle bounded: {"what", "cached", "bound", "margin"}
+    hits             per request the oracle bounded: what, cached, bound, margin (BoundedHit)
                      (margin: its answer against its isolated twin's; None without one)
-    oracle           {"available": bool, "checked": int}
+    oracle           the oracle's counts (kvdiag.record.evidence.Oracle; None: none ran)
     logprob_departures  (round) per prompt-logprob request that departed
     """
 
@@ -72,16 +77,16 @@ class ProbeEvidence:
     contaminated: int
     unchecked: int
     isolation: str
-    recycling: dict
+    recycling: Recycling
     pool: str
-    hits: list[dict] = field(default_factory=list)
-    oracle: dict = field(default_factory=dict)
+    hits: list[BoundedHit] = field(default_factory=list)
+    oracle: Oracle | None = None
     logprob_departures: list[int] = field(default_factory=list)
     answered: int = 0  # shared requests compared with their isolated twins
     requires_recycling: bool = True
     topk: list[tuple[str, float]] = field(default_factory=list)  # (what, shift) per request
     topk_floor: list[float] = field(default_factory=list)  # shifts between isolated repeats
-    events: list[dict] = field(default_factory=list)  # the coverage table's rows
+    events: list[EventRow] = field(default_factory=list)  # the coverage table's rows
     required: tuple[str, ...] = ()  # events the run must reach
     sentinel: object = None  # kvdiag.record.sentinel.SentinelBlock, where one watched inside
 
@@ -119,14 +124,14 @@ def judge_probe(e: ProbeEvidence) -> Judgement:
 
     corrupt = [r for r, m in e.divergences if decisive(m)]
     unstable = [m for m in e.floor_margins if decisive(m)]
-    over = [h for h in e.hits if over_hit(h["cached"], h["bound"])]
+    over = [h for h in e.hits if over_hit(h.cached, h.bound)]
     limit = topk_threshold(e.topk_floor)
     shifted = [(what, d) for what, d in e.topk if d > limit]
     details = {"corrupted": len(corrupt), "numerics": len(e.divergences) - len(corrupt),
                "unstable_floor": len(unstable), "over_hits": len(over),
                "over_hit_examples": over[:10], "logprob_mismatches": len(e.logprob_departures),
                "topk_threshold": limit, "topk_departed": len(shifted),
-               "events_missing": [r["event"] for r in e.events if not r["reached"]]}
+               "events_missing": [r.event for r in e.events if not r.reached]}
     also = []
     if e.contaminated:
         also.append(f"{e.contaminated} of {e.isolated} isolated requests hit the cache")
@@ -139,11 +144,11 @@ def judge_probe(e: ProbeEvidence) -> Judgement:
                         f"departed decisively (by a margin above {e.numerics_margin:g} nats) from the "
                         f"cache-isolated run ({_where(corrupt)})")
     if over:
-        first, compared = over[0], [h for h in over if h["margin"] is not None]
-        departed = sum(decisive(h["margin"]) for h in compared)
+        first, compared = over[0], [h for h in over if h.margin is not None]
+        departed = sum(decisive(h.margin) for h in compared)
         findings.append(f"over-hit: {_plural(len(over), 'request')} reported more cached tokens "
                         "than any earlier request of their namespace shares with them (first: "
-                        f"{first['what']}, {first['cached']} cached, at most {first['bound']} "
+                        f"{first.what}, {first.cached} cached, at most {first.bound} "
                         "possible): the cache served blocks whose tokens differ from the request's, "
                         "or the server's accounting over-reports; the answers say which: "
                         f"{departed} of the {len(compared)} with an isolated twin departed from it "
@@ -178,19 +183,19 @@ def judge_probe(e: ProbeEvidence) -> Judgement:
                          f"request disagreed decisively (worst margin {max(unstable):.2f} nats > "
                          f"{e.numerics_margin:g}): the server is not deterministic enough for any "
                          "answer to be judged against its isolated twin", details)
-    if e.requires_recycling and not e.recycling["observed"]:
+    if e.requires_recycling and not e.recycling.observed:
         return Judgement(Verdict.INCONCLUSIVE, f"trigger not reached: no recycling observed "
-                         f"({e.recycling['how']}; server pool {e.pool})", details)
+                         f"({e.recycling.how}; server pool {e.pool})", details)
     if (blind := sentinel_blind(e.sentinel)) is not None:
         return Judgement(Verdict.INCONCLUSIVE, blind, details)
-    missing = [r for r in e.events if r["event"] in e.required and not r["reached"]]
-    unknown = sorted(set(e.required) - {r["event"] for r in e.events})
+    missing = [r for r in e.events if r.event in e.required and not r.reached]
+    unknown = sorted(set(e.required) - {r.event for r in e.events})
     if missing or unknown:
-        why = [f"{r['event']} ({r['evidence']})" for r in missing] + [f"{u} (not measured)" for u in unknown]
+        why = [f"{r.event} ({r.evidence})" for r in missing] + [f"{u} (not measured)" for u in unknown]
         return Judgement(Verdict.INCONCLUSIVE, f"required events not reached: {'; '.join(why)}", details)
-    oracle = (f"{e.oracle['checked']} requests' cached tokens within the over-hit bound"
-              if e.oracle.get("available") else "over-hit oracle unavailable")
-    recycled = (f"recycled blocks observed ({e.recycling['how']})" if e.recycling["observed"]
+    oracle = (f"{e.oracle.checked} requests' cached tokens within the over-hit bound"
+              if e.oracle is not None and e.oracle.available else "over-hit oracle unavailable")
+    recycled = (f"recycled blocks observed ({e.recycling.how})" if e.recycling.observed
                 else "no recycling needed (differential phase only)")
     return Judgement(Verdict.PASS, f"{e.answered} requests answered from the shared prefix cache matched "
                      f"their cache-isolated runs (or departed within {e.numerics_margin:g} nats), with "
@@ -202,8 +207,8 @@ def _covered(e: ProbeEvidence) -> str:
     """What a PASS covered, event by event, and the second channel."""
     if not e.events:
         return ""
-    reached = [r["event"] for r in e.events if r["reached"]]
-    missed = [r["event"] for r in e.events if not r["reached"]]
+    reached = [r.event for r in e.events if r.reached]
+    missed = [r.event for r in e.events if not r.reached]
     out = f"; events reached: {', '.join(reached) or 'none'}"
     out += f"; not reached: {', '.join(missed)}" if missed else ""
     if e.topk:

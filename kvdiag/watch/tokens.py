@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import httpx
 
+from kvdiag.engines import routes
 from kvdiag.engines.llamacpp.protocol import LLAMACPP, is_llamacpp
 from kvdiag.engines.protocol import OPENAI
 from kvdiag.watch.exchange import Exchange
@@ -19,7 +20,7 @@ SHAPES = tuple(PROTOCOLS)
 
 async def detect(client: httpx.AsyncClient) -> str:
     try:
-        r = await client.get("/props", timeout=5)
+        r = await client.get(routes.PROPS, timeout=5)
         if r.status_code == 200 and is_llamacpp(r.json()):
             return LLAMACPP.name
     except (httpx.HTTPError, ValueError, TypeError):

@@ -25,7 +25,7 @@ def test_block_names_the_installed_versions_and_is_json() -> None:
     assert env["packages"]["sacrebleu"] == metadata.version("sacrebleu")
     assert env["python"] == ".".join(map(str, sys.version_info[:3]))
     assert "vllm" not in env["packages"]
-    assert describe_environment(vllm_version="0.33.0")["packages"]["vllm"] == "0.33.0"
+    assert describe_environment(engine=("llamacpp", "b11434"))["packages"]["llamacpp"] == "b11434"
     missing = describe_environment(spacy_model="xx_no_such_model")["spacy_models"]
     assert missing["xx_no_such_model"] is None
 

@@ -8,6 +8,7 @@ import asyncio
 import time
 import uuid
 
+from kvdiag.engines import routes
 from kvdiag.errors import EndpointError
 from kvdiag.runners.live.endpoint import Endpoint
 
@@ -35,7 +36,7 @@ async def stream_and_close(endpoint: Endpoint, token_ids: list[int], after: int 
         await asyncio.sleep(abort_after)
         if state["first"] is None:
             state["aborted"] = time.time()
-            await endpoint._async("POST", "/abort_request", json={"rid": rid})
+            await endpoint._async("POST", routes.ABORT, json={"rid": rid})
 
     killer = asyncio.create_task(abort()) if rid else None
     try:

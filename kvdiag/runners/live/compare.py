@@ -10,6 +10,16 @@ from __future__ import annotations
 import math
 
 from kvdiag.planning.plan import CasePlan
+from kvdiag.record.evidence import (
+    FirstDivergence,
+    GroundTruth,
+    IsolatedExample,
+    LifeDivergence,
+    LogprobExample,
+    NoiseFloor,
+    PromptLogprobs,
+    TopK,
+)
 from kvdiag.runners.live.differential import DIFF_ISOLATED
 from kvdiag.runners.live.lifeplan import LIFE, LIFE_ISOLATED
 from kvdiag.runners.live.phases import (
@@ -47,9 +57,10 @@ def margin_at(reference: dict, other_tokens: list[str], i: int) -> float:
     return own - min(top.values()) if top else math.inf
 
 
-def noise_floor(store: RoundStore) -> dict:
+def noise_floor(store: RoundStore, numerics_margin: float) -> NoiseFloor:
     """Repeated isolated runs of one request against the first: the pairs compared and the
-    margin of every pair that diverged (a length difference counts as 0: the run stopped)."""
+    margin of every pair that diverged (a length difference counts as 0: the run stopped),
+    beside the numerics margin the judge holds them to."""
     margins, pairs = [], 0
     for (phase, k, r), row in store.done.items():
         if phase != FLOOR or (ISOLATED, k, r) not in store.done:
@@ -60,8 +71,8 @@ def noise_floor(store: RoundStore) -> dict:
         if i is not None:
             m = margin_at(ref, row["tokens"], i)
             margins.append(m if math.isfinite(m) else 0.0)
-    return {"pairs": pairs, "diverged_pairs": len(margins), "margins": margins,
-            "margin": max(margins, default=0.0)}
+    return NoiseFloor(pairs=pairs, diverged_pairs=len(margins), margins=margins,
+                      margin=max(margins, default=0.0), numerics_margin=numerics_margin)
 
 
 TOPK_POSITIONS = 4  # the second channel reads the first generated tokens' top-k logprobs
@@ -81,10 +92,10 @@ def topk_distance(a: dict, b: dict, upto: int | None = None) -> float | None:
     return worst
 
 
-def topk_channel(plan: CasePlan, store: RoundStore, pressure: list[int]) -> dict:
+def topk_channel(plan: CasePlan, store: RoundStore, pressure: list[int]) -> TopK:
     """The second channel, raw: every shared (and pressure, and lifecycle) request's top-k
-    distance from its isolated twin, and the same distance between repeated isolated runs
-    (its noise floor). `distances`: [what, distance]."""
+    distance from its isolated twin (`shifts`: what, distance), and the same distance between
+    repeated isolated runs (its noise floor)."""
     pairs = [((SHARED, k, r), (ISOLATED, k, r), f"round {r + 1}") for (p, k, r) in store.done if p == SHARED]
     pairs += [((PRESSURE, j, r), (ISOLATED, pressure[j], r), f"round {r + 1}")
               for (p, j, r) in store.done if p == PRESSURE and j < len(pressure)]
@@ -94,15 +105,16 @@ def topk_channel(plan: CasePlan, store: RoundStore, pressure: list[int]) -> dict
     for shared, iso, what in pairs:
         a, b = store.done.get(shared), store.done.get(iso)
         if a and b and (d := topk_distance(a, b, divergence(a["tokens"], b["tokens"]))) is not None:
-            distances.append([what, d])
+            distances.append((what, d))
     floor = [d for (p, k, r), row in store.done.items() if p == FLOOR and (ISOLATED, k, r) in store.done
              and (d := topk_distance(row, store.done[(ISOLATED, k, r)],
                                      divergence(row["tokens"], store.done[(ISOLATED, k, r)]["tokens"])))
              is not None]
-    return {"positions": TOPK_POSITIONS, "distances": distances, "floor": floor}
+    return TopK(positions=TOPK_POSITIONS, shifts=distances, floor_shifts=floor, compared=len(distances),
+                floor=max(floor, default=None), largest=max((d for _, d in distances), default=None))
 
 
-def lifecycle_divergences(store: RoundStore) -> list[dict]:
+def lifecycle_divergences(store: RoundStore) -> list[LifeDivergence]:
     """Every answered lifecycle request against its isolated twin: where they first part and
     the isolated run's margin there (None: no twin, NaN: no departure)."""
     out = []
@@ -111,27 +123,27 @@ def lifecycle_divergences(store: RoundStore) -> list[dict]:
         if phase != LIFE or iso is None:
             continue
         i = divergence(row["tokens"], iso["tokens"])
-        out.append({"request": j, "group": row.get("group"), "first_divergence": i,
-                    "margin": margin_at(iso, row["tokens"], i) if i is not None else math.nan,
-                    "cached_tokens": row.get("cached_tokens"), "prompt_tokens": row.get("prompt_tokens")})
+        out.append(LifeDivergence(request=j, group=row.get("group"), first_divergence=i,
+                                  margin=margin_at(iso, row["tokens"], i) if i is not None else math.nan,
+                                  cached_tokens=row.get("cached_tokens"), prompt_tokens=row.get("prompt_tokens")))
     return out
 
 
-def ground_truth(store: RoundStore) -> dict:
+def ground_truth(store: RoundStore) -> GroundTruth:
     """The probe's check of its own ground truth: every isolated request (fresh salt, or the
     first after an emptied cache) must report 0 cached tokens. `contaminated` counts those
     that reported more; `unchecked` those that reported no count at all."""
     isolated = (ISOLATED, FLOOR, PLP_ISOLATED, DIFF_ISOLATED, LIFE_ISOLATED)
     rows = [row for (phase, _, _), row in store.done.items() if phase in isolated]
     hit = [row for row in rows if (row.get("cached_tokens") or 0) > 0]
-    return {"isolated": len(rows), "contaminated": len(hit),
-            "unchecked": sum(row.get("cached_tokens") is None for row in rows),
-            "examples": [{"phase": r["phase"], "session": r["session"], "round": r["round"] + 1,
-                          "cached_tokens": r["cached_tokens"], "prompt_tokens": r["prompt_tokens"]}
-                         for r in hit[:5]]}
+    return GroundTruth(isolated=len(rows), contaminated=len(hit),
+                       unchecked=sum(row.get("cached_tokens") is None for row in rows),
+                       examples=[IsolatedExample(phase=r["phase"], session=r["session"], round=r["round"] + 1,
+                                                 cached_tokens=r["cached_tokens"],
+                                                 prompt_tokens=r["prompt_tokens"]) for r in hit[:5]])
 
 
-def prompt_logprob_mismatches(store: RoundStore, numerics_margin: float) -> dict:
+def prompt_logprob_mismatches(store: RoundStore, numerics_margin: float) -> PromptLogprobs:
     """Prompt logprobs, shared against isolated: a request with any position that departed
     (verdicts.logprob_departed) was served positions whose logprobs were never computed for
     it (read from the cache)."""
@@ -145,10 +157,10 @@ def prompt_logprob_mismatches(store: RoundStore, numerics_margin: float) -> dict
                  if a and b and logprob_departed(a[0] == b[0], abs(a[1] - b[1]), numerics_margin)]
         if pairs:
             i, a, b = pairs[0]
-            bad.append({"session": k, "round": r + 1, "positions": len(pairs), "first": i,
-                        "shared": a, "isolated": b})
-    return {"checked": checked, "mismatched": len(bad), "examples": bad[:5],
-            "rounds": sorted({b["round"] for b in bad}), "departed": [b["round"] for b in bad]}
+            bad.append(LogprobExample(session=k, round=r + 1, positions=len(pairs), first=i,
+                                      shared=a, isolated=b))
+    return PromptLogprobs(checked=checked, mismatched=len(bad), examples=bad[:5],
+                          rounds=sorted({b.round for b in bad}), departed=[b.round for b in bad])
 
 
 def records(plan: CasePlan, store: RoundStore, target: str, numerics_margin: float, style: str,
@@ -187,7 +199,7 @@ def records(plan: CasePlan, store: RoundStore, target: str, numerics_margin: flo
     return out
 
 
-def first_divergences(plan: CasePlan, store: RoundStore, corrupt, pressure: list[int]) -> list[dict]:
+def first_divergences(plan: CasePlan, store: RoundStore, corrupt, pressure: list[int]) -> list[FirstDivergence]:
     """The first divergent token of each corrupted request (`corrupt`: its rows of the
     records frame), in round order."""
     index = {ses.session_id: (SHARED, k, k) for k, ses in enumerate(plan.sessions)}
@@ -196,11 +208,11 @@ def first_divergences(plan: CasePlan, store: RoundStore, corrupt, pressure: list
     for row in corrupt.sort_values(["round", "session"]).itertuples():
         (phase, j, k), r, i = index[row.session], int(row.round) - 1, int(row.first_divergence)
         got, want = store.done[(phase, j, r)]["tokens"], store.done[(ISOLATED, k, r)]["tokens"]
-        firsts.append({"session": row.session, "round": r + 1, "token_index": i,
-                       "index": store.done[(phase, j, r)]["index"],
-                       "shared_token": got[i] if i < len(got) else None,
-                       "isolated_token": want[i] if i < len(want) else None,
-                       "margin": float(row.divergence_margin)})
+        firsts.append(FirstDivergence(session=row.session, round=r + 1, token_index=i,
+                                      index=store.done[(phase, j, r)]["index"],
+                                      shared_token=got[i] if i < len(got) else None,
+                                      isolated_token=want[i] if i < len(want) else None,
+                                      margin=float(row.divergence_margin)))
     return firsts
 
 

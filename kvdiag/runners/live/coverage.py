@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+from kvdiag.record.evidence import BoundedHit, DifferentialPair, KeyCoverage, Oracle
 from kvdiag.runners.live import phases as P
 from kvdiag.runners.live.compare import divergence, margin_at
 from kvdiag.runners.live.differential import DIFF, DIFF_ISOLATED
@@ -47,9 +48,9 @@ def _margin(shared: dict, isolated: dict | None) -> float | None:
 
 
 def key_coverage(plan, store: RoundStore, pressure: list[int], server: ServerCache,
-                 meta: dict, ids_known: bool, namespaces: bool = True) -> dict:
-    """{"oracle": oracle.check's evidence, with `hits` (what, cached, bound, margin) per
-    request; "differential": per pair (name, family, cached, bound, margin)}. The margin of a
+                 meta: dict, ids_known: bool, namespaces: bool = True) -> KeyCoverage:
+    """The oracle's counts (oracle.check) with every request it bounded (`hits`), and the
+    differential phase's pairs (name, family, cached, bound, margin). The margin of a
     suite round is its shared answer's against the isolated run of the same round.
     `namespaces` False (an engine that keys its cache by tokens only, llama.cpp): one
     namespace for every salt, and the isolated requests, which such an engine still leaves
@@ -80,18 +81,17 @@ def key_coverage(plan, store: RoundStore, pressure: list[int], server: ServerCac
             twin = store.done.get((P.ISOLATED, pressure[j] if phase == P.PRESSURE else j, r))
         else:
             twin = None  # a one-token twin or a prompt-logprob request: no answer to compare
-        hit = {"what": _what(plan, phase, j, r, row, pressure), "phase": phase, "cached": cached,
-               "bound": bound, "prompt_tokens": row.get("prompt_tokens"), "index": row.get("index"),
-               "margin": _margin(row, twin) if phase in (DIFF, P.SHARED, P.PRESSURE) else None}
-        hits.append(hit)
+        hits.append(BoundedHit(what=_what(plan, phase, j, r, row, pressure), phase=phase, cached=cached,
+                               bound=bound, prompt_tokens=row.get("prompt_tokens"), index=row.get("index"),
+                               margin=_margin(row, twin) if phase in (DIFF, P.SHARED, P.PRESSURE) else None))
         bounded[(phase, j, r)] = bound
     for (phase, j, r), row in sorted(store.done.items(), key=lambda kv: kv[0][1]):
         if phase == DIFF:  # every pair's answer, with or without a count
-            pairs.append({"name": row.get("name"), "family": row.get("family"),
-                          "cached": row.get("cached_tokens"), "bound": bounded.get((phase, j, r)),
-                          "margin": _margin(row, store.done.get((DIFF_ISOLATED, j, r)))})
-    return {"oracle": evidence | {"hits": hits}, "differential": pairs,
-            "differential_skipped": meta.get("differential_skipped", [])}
+            pairs.append(DifferentialPair(name=row.get("name"), family=row.get("family"),
+                                          cached=row.get("cached_tokens"), bound=bounded.get((phase, j, r)),
+                                          margin=_margin(row, store.done.get((DIFF_ISOLATED, j, r)))))
+    return KeyCoverage(oracle=Oracle(**evidence, hits=hits), differential=pairs,
+                       differential_skipped=meta.get("differential_skipped", []))
 
 
 def differential_records(store: RoundStore, target: str, numerics_margin: float,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 
 import httpx
 
+from kvdiag.engines import routes
 from kvdiag.errors import EndpointError, KvdiagError
 from kvdiag.runners.live import retry
 from kvdiag.runners.live.identity import ServerIdentity
@@ -213,7 +214,7 @@ class Endpoint(ServerIdentity):
     def cache_config(self) -> dict[str, str]:
         """The labels of vLLM's `vllm:cache_config_info` gauge (block_size, num_gpu_blocks, ...,
         all strings), or {} when /metrics has none."""
-        r = self._sync("GET", "/metrics")
+        r = self._sync("GET", routes.METRICS)
         if r.status_code != 200:
             return {}
         from prometheus_client.parser import text_string_to_metric_families
@@ -226,7 +227,7 @@ class Endpoint(ServerIdentity):
 
     def version(self) -> str | None:
         """The server's version from vLLM's GET /version (None when it has none)."""
-        r = self._sync("GET", "/version")
+        r = self._sync("GET", routes.VERSION)
         try:
             return str(r.json()["version"]) if r.status_code == 200 else None
         except (ValueError, KeyError, TypeError):
@@ -235,7 +236,7 @@ class Endpoint(ServerIdentity):
     def metrics(self) -> dict[str, float]:
         """Counters from /metrics, summed over label sets (empty when the endpoint has none); a
         counter declared without a sample yet reads 0."""
-        r = self._sync("GET", "/metrics")
+        r = self._sync("GET", routes.METRICS)
         if r.status_code != 200:
             return {}
         from prometheus_client.parser import text_string_to_metric_families

@@ -7,6 +7,7 @@ kvdiag.verdicts decides what a missing event means for the verdict (--require).
 
 from __future__ import annotations
 
+from kvdiag.record.evidence import Recycling
 from kvdiag.runners.live.identity import every_server
 from kvdiag.runners.live.lifeplan import LIFE, LifePlan
 from kvdiag.runners.live.phases import SHARED, TWIN
@@ -25,7 +26,7 @@ def _row(event: str, reached: bool, evidence: str, requests: int, server: dict |
             "server": server or {}}
 
 
-def coverage(store, life: LifePlan | None, observed: dict, recycling: dict,
+def coverage(store, life: LifePlan | None, observed: dict, recycling: Recycling,
              before: dict, after: dict) -> list[dict]:
     """The table's rows, in EVENTS' order. `before`/`after`: the server's counters when the
     probe began and after its lifecycle phase; `observed`: what lifecycle_phase saw."""
@@ -44,13 +45,13 @@ def coverage(store, life: LifePlan | None, observed: dict, recycling: dict,
     return sorted(table, key=lambda r: order.index(r["event"]))
 
 
-def _recycle(recycling: dict, by_group: dict) -> dict:
-    n = recycling.get("requests_with_recycled_prefix", 0) + len(by_group.get("revisit", []))
-    return _row("recycle", recycling.get("observed", False), recycling.get("how", "not measured"), n,
-                {"evictions": recycling.get("evictions")})
+def _recycle(recycling: Recycling, by_group: dict) -> dict:
+    n = recycling.requests_with_recycled_prefix + len(by_group.get("revisit", []))
+    return _row("recycle", recycling.observed, recycling.how or "not measured", n,
+                {"evictions": recycling.evictions})
 
 
-def _early_free(store, recycling: dict) -> dict:
+def _early_free(store, recycling: Recycling) -> dict:
     """Twins that finished (and freed their hold on the shared blocks) while their partner
     still decoded."""
     early = 0
@@ -58,9 +59,9 @@ def _early_free(store, recycling: dict) -> dict:
         partner = store.done.get((SHARED, j, r))
         if phase == TWIN and partner and twin.get("done", 0) < partner.get("done", 0):
             early += 1
-    reached = early > 0 and recycling.get("observed", False)
+    reached = early > 0 and recycling.observed
     why = (f"{early} one-token twins finished while the request sharing their blocks still decoded"
-           + ("" if recycling.get("observed") else ", but no recycling was observed"))
+           + ("" if recycling.observed else ", but no recycling was observed"))
     return _row("early-free", reached, why if early else "no twin finished before its partner", early)
 
 

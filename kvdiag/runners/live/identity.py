@@ -10,6 +10,7 @@ import hashlib
 import json
 from functools import cached_property
 
+from kvdiag.engines import routes
 from kvdiag.engines.llamacpp.protocol import is_llamacpp
 from kvdiag.engines.spec import ENGINES, CacheCounters
 from kvdiag.errors import KvdiagError
@@ -40,8 +41,8 @@ class ServerIdentity:
 
     @cached_property
     def _identity(self) -> tuple[str, str]:
-        version = self._json("/version")
-        info = (self._json("/openapi.json") or {}).get("info") or {}
+        version = self._json(routes.VERSION)
+        info = (self._json(routes.OPENAPI) or {}).get("info") or {}
         title = str(info.get("title", "")).lower()
         if "kvdiag" in title:
             return "kvdiag-serve", str(info.get("version", "unknown"))
@@ -56,13 +57,13 @@ class ServerIdentity:
     @cached_property
     def server_info(self) -> dict:
         """SGLang's GET /server_info (page_size, max_total_num_tokens, version), or {}."""
-        return self._json("/server_info") or self._json("/get_server_info") or {}
+        return next(filter(None, map(self._json, routes.SERVER_INFO)), {})
 
     @cached_property
     def props(self) -> dict:
         """llama.cpp's GET /props (default_generation_settings.n_ctx, total_slots,
         build_info), or {}."""
-        return self._json("/props") or {}
+        return self._json(routes.PROPS) or {}
 
     @cached_property
     def protocol(self):

@@ -99,20 +99,14 @@ def server_facts(ep: Endpoint, block_size: int | None) -> dict:
     """Block size (from /metrics vllm:cache_config_info, else `block_size`, else 16) and
     max_model_len (from /v1/models when given)."""
     facts = {"block_size": block_size, "block_size_source": "option", "max_model_len": None}
-    r = ep.sync.get("/metrics")
-    if r.status_code == 200 and "cache_config_info" in r.text:
-        from prometheus_client.parser import text_string_to_metric_families
-
-        for family in text_string_to_metric_families(r.text):
-            for s in family.samples:
-                if s.name.startswith("vllm:cache_config_info") and s.labels.get("block_size"):
-                    facts["block_size"] = int(s.labels["block_size"])
-                    facts["block_size_source"] = "vllm:cache_config_info"
+    labels = ep.cache_config()
+    if labels.get("block_size"):
+        facts["block_size"] = int(labels["block_size"])
+        facts["block_size_source"] = "vllm:cache_config_info"
     if facts["block_size"] is None:
         facts["block_size"], facts["block_size_source"] = 16, "assumed (no vllm:cache_config_info)"
-    for m in ep.sync.get("/v1/models").json().get("data", []):
-        if m.get("id") == ep.model and m.get("max_model_len"):
-            facts["max_model_len"] = int(m["max_model_len"])
+    if (entry := ep.model_entry()).get("max_model_len"):
+        facts["max_model_len"] = int(entry["max_model_len"])
     return facts
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from kvdiag.record.evidence import Recycling
 from kvdiag.runners.live.endpoint import Endpoint
 from reference_engine.util import cdiv
 
@@ -101,7 +102,7 @@ def pressure_sessions(schedule, pool: int | None, pressure_round: int, *, limit:
 
 
 def observe_recycling(shared_rows: dict[tuple[int, int], dict], block_size: int,
-                      before: dict[str, float], after: dict[str, float], counters) -> dict:
+                      before: dict[str, float], after: dict[str, float], counters) -> Recycling:
     """Whether the server recycled blocks during the shared pass, and how it shows.
     `shared_rows` maps (phase, session, round index) to the probe's stored row; `counters`
     names the engine's eviction counters (engines/spec.CacheCounters)."""
@@ -125,5 +126,5 @@ def observe_recycling(shared_rows: dict[tuple[int, int], dict], block_size: int,
            "cached fractions fell" if fell else
            "not observed" if known or evictions is not None else
            "unknown: the server reports neither evictions nor cached tokens")
-    return {"observed": bool(evictions) or fell > 0, "how": how,
-            "evictions": evictions, "requests_with_recycled_prefix": fell}
+    return Recycling(observed=bool(evictions) or fell > 0, how=how, evictions=evictions,
+                     requests_with_recycled_prefix=fell)

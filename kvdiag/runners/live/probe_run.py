@@ -17,6 +17,18 @@ from pathlib import Path
 
 from kvdiag.errors import KvdiagError
 from kvdiag.planning.suites import Case, Suite
+from kvdiag.record.evidence import (
+    FirstDivergence,
+    GroundTruth,
+    KeyCoverage,
+    Lifecycle,
+    NoiseFloor,
+    PromptLogprobs,
+    Recycling,
+    TopK,
+    Traffic,
+)
+from kvdiag.record.summary_rows import EventRow
 from kvdiag.runners.live import compare as C
 from kvdiag.runners.live import differential as D
 from kvdiag.runners.live import lifecycle as L
@@ -46,20 +58,20 @@ class ProbeRun:
     engine: dict  # {"name", "version"} as the server says
     salted: bool
     pressure: list[int]
-    recycling: dict
-    noise_floor: dict
-    ground_truth: dict
+    recycling: Recycling
+    noise_floor: NoiseFloor
+    ground_truth: GroundTruth
     prefix_cache: dict  # the server's own hit counters over the shared phase
-    prompt_logprobs: dict  # twins' prompt logprobs against their isolated rounds' (compare.py)
-    traffic: dict = field(default_factory=dict)  # spread, twins, adapter: what reached which class
-    key_coverage: dict = field(default_factory=dict)  # the over-hit oracle and the differential
+    prompt_logprobs: PromptLogprobs  # twins' prompt logprobs against their isolated rounds'
+    traffic: Traffic = field(default_factory=Traffic)  # what reached which class, which phases ran
+    key_coverage: KeyCoverage = field(default_factory=KeyCoverage)  # the over-hit oracle and the differential
     # phase (coverage.key_coverage): raw rows, the judge decides
-    first_divergences: list[dict] = field(default_factory=list)
+    first_divergences: list[FirstDivergence] = field(default_factory=list)
     by_request: list[dict] = field(default_factory=list)
     # the lifecycle phase: the events table (events.coverage), every request's divergence from
     # its twin, and how the phase was sized; and the second channel (compare.topk_channel)
-    lifecycle: dict = field(default_factory=dict)
-    topk: dict = field(default_factory=dict)
+    lifecycle: Lifecycle = field(default_factory=Lifecycle)
+    topk: TopK = field(default_factory=TopK)
     sentinel: object = None  # kvdiag.record.sentinel.SentinelBlock, where a sentinel watched
 
     @property
@@ -129,20 +141,23 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
     if sentinel is not None and Path(sentinel.source).parent == run_dir:
         sentinel.source = Path(sentinel.source).name  # in the run directory, whatever it is called
     run.sentinel = sentinel
-    run.traffic = {"spread": settings.spread, "twins": settings.twins, "adapter": settings.adapter,
-                   "prompt_logprobs": settings.prompt_logprobs,
-                   "twin_requests": sum(phase == P.TWIN for phase, _, _ in store.done),
-                   "isolation": endpoint.protocol.isolation if salted else "reset_prefix_cache",
-                   "namespaces": endpoint.protocol.namespaces,
-                   "differential": settings.differential, "differential_only": settings.differential_only,
-                   "lifecycle": life is not None, "require": list(settings.require)}
+    run.traffic = Traffic(spread=settings.spread, twins=settings.twins, adapter=settings.adapter,
+                          prompt_logprobs=settings.prompt_logprobs,
+                          twin_requests=sum(phase == P.TWIN for phase, _, _ in store.done),
+                          isolation=endpoint.protocol.isolation if salted else "reset_prefix_cache",
+                          namespaces=endpoint.protocol.namespaces, differential=settings.differential,
+                          differential_only=settings.differential_only, lifecycle=life is not None,
+                          require=list(settings.require))
     run.key_coverage = key_coverage(plan, store, pressure, server, meta, ids_known,
-                                    namespaces=run.traffic["namespaces"])
-    run.lifecycle = {
-        "events": event_coverage(store, life, meta.get("life_observed") or {}, run.recycling, before,
-                                 meta.get("metrics_after_life") or after),
-        "requests": C.lifecycle_divergences(store),
-        "sizing": life.sizing if life else {}, "skipped": life.skipped if life else {}}
+                                    namespaces=run.traffic.namespaces)
+    divergences = C.lifecycle_divergences(store)
+    run.lifecycle = Lifecycle(
+        events=[EventRow(**row) for row in event_coverage(
+            store, life, meta.get("life_observed") or {}, run.recycling, before,
+            meta.get("metrics_after_life") or after)],
+        divergences=divergences, requests=len(divergences),
+        sizing=life.sizing if life else {}, skipped=life.skipped if life else {},
+        required=list(settings.require))
     run.topk = C.topk_channel(plan, store, pressure)
     return run
 
@@ -277,15 +292,15 @@ def _facts(base_url, who, plan, store, server, salted, pressure, before, after,
     shared = {(phase, k, r): row for (phase, k, r), row in store.done.items()
               if phase in (P.SHARED, P.PRESSURE)}
     recycling = observe_recycling(shared, server.block_size, before, after, who["counters"])
-    recycling["pressure_sessions"] = len(pressure)
+    recycling.pressure_sessions = len(pressure)
     if settings.differential_only:
-        recycling["how"] = "not measured: the differential phase alone needs no recycling"
+        recycling.how = "not measured: the differential phase alone needs no recycling"
     queries, hits = (after.get(n, 0) - before.get(n, 0) for n in who["counters"].names)
     corrupt = frame[(frame["allocator"] == P.SHARED) & (frame["classification"] == "corruption")]
     return ProbeRun(
         frame=frame, plan=plan, model_label=who["model_label"], server=server,
         engine=who["engine"], salted=salted, pressure=pressure, recycling=recycling,
-        noise_floor=C.noise_floor(store) | {"numerics_margin": settings.numerics_margin},
+        noise_floor=C.noise_floor(store, settings.numerics_margin),
         ground_truth=C.ground_truth(store),
         prompt_logprobs=C.prompt_logprob_mismatches(store, settings.numerics_margin),
         prefix_cache={"queries": queries, "hits": hits, "hit_rate": hits / queries if queries else None},

@@ -140,9 +140,9 @@ def test_one_namespace_and_isolated_sources_where_the_engine_has_no_namespaces(t
     store.close()
     server = ServerCache(16, 512, "props")
     got = key_coverage(None, store, [], server, {}, True, namespaces=namespaces)
-    oracle = got["oracle"]
-    over = {h["what"]: over_hit(h["cached"], h["bound"]) for h in oracle["hits"]}
-    assert oracle["checked"] == 3 and oracle["unreported"] == 0  # the twin is a source, not judged
+    oracle = got.oracle
+    over = {h.what: over_hit(h.cached, h.bound) for h in oracle.hits}
+    assert oracle.checked == 3 and oracle.unreported == 0  # the twin is a source, not judged
     assert over == {"differential pair 'diff 0' (slot)": False,
                     "differential pair 'diff 1' (slot)": namespaces,
                     "differential pair 'diff 2' (slot)": namespaces}

@@ -73,8 +73,8 @@ def test_recycling_is_seen_when_cached_tokens_fall_short_of_the_last_prompt():
     rows = {("shared", 0, 0): {"prompt_tokens": 100, "cached_tokens": 0},
             ("shared", 0, 1): {"prompt_tokens": 150, "cached_tokens": 96}}  # 3 full blocks of 100 hit
     seen = observe_recycling(rows, 32, {}, {}, VLLM_COUNTERS)
-    assert not seen["observed"] and seen["how"] == "not observed"
+    assert not seen.observed and seen.how == "not observed"
     rows[("shared", 0, 1)]["cached_tokens"] = 64  # one of them was recycled
-    assert observe_recycling(rows, 32, {}, {}, VLLM_COUNTERS)["how"] == "cached fractions fell"
+    assert observe_recycling(rows, 32, {}, {}, VLLM_COUNTERS).how == "cached fractions fell"
     blind = {k: dict(v, cached_tokens=None) for k, v in rows.items()}
-    assert observe_recycling(blind, 32, {}, {}, VLLM_COUNTERS)["how"].startswith("unknown")
+    assert observe_recycling(blind, 32, {}, {}, VLLM_COUNTERS).how.startswith("unknown")

@@ -58,7 +58,9 @@ def test_no_text_withholds_every_text(tmp_path):
     assert "Lisbon" in df["output_text"].iloc[1]  # the measured frame itself is not touched
     fields = withhold_fields({"first_divergences": [{"round": 2, "shared_token": "Lis", "isolated_token": "Por"}],
                               "prompt_logprobs": {"examples": [{"shared": ["Lis", -1.0], "isolated": ["P", -2.0]}]}})
-    assert "Lis" not in json.dumps(fields) and fields["first_divergences"][0]["round"] == 2
+    dumped = json.dumps([f.model_dump() for f in fields["first_divergences"]]
+                        + [fields["prompt_logprobs"].model_dump()])
+    assert "Lis" not in dumped and "-2.0" not in dumped and fields["first_divergences"][0].round == 2
     rows = [{"phase": "shared", "text": "Lisbon", "tokens": ["Lis"], "top": [[["Lis", -0.1]]], "ids": [5],
              "prompt_tokens": 9, "completion_tokens": 2}]
     (tmp_path / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"cut')

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from kvdiag.record.evidence import BoundedHit, Oracle, Recycling
 from kvdiag.verdicts import (
     ProbeEvidence,
     Verdict,
@@ -198,8 +199,8 @@ def test_a_series_under_test():
 def evidence(**kw) -> ProbeEvidence:
     """A probe's evidence: sound and clean unless `kw` says otherwise."""
     base = dict(divergences=[], floor_margins=[], numerics_margin=1.0, isolated=48, contaminated=0,
-                unchecked=0, isolation="cache_salt", recycling={"observed": True, "how": "x"},
-                pool="p", oracle={"available": True, "checked": 10}, answered=10)
+                unchecked=0, isolation="cache_salt", recycling=Recycling(observed=True, how="x"),
+                pool="p", oracle=Oracle(available=True, checked=10), answered=10)
     return ProbeEvidence(**(base | kw))
 
 
@@ -208,7 +209,7 @@ def evidence(**kw) -> ProbeEvidence:
     (2, 0, True, Verdict.ERROR), (2, 3, True, Verdict.FAIL)])
 def test_the_probe_checks_its_ground_truth(contaminated, corrupted, observed, want):
     judged = judge_probe(evidence(divergences=[("4", 7.5)] * corrupted, contaminated=contaminated,
-                                  recycling={"observed": observed, "how": "cached fractions fell"}))
+                                  recycling=Recycling(observed=observed, how="cached fractions fell")))
     assert judged.verdict is want
     if want is Verdict.ERROR:
         assert judged.reason.startswith(f"ground truth contaminated: {contaminated} of 48")
@@ -236,16 +237,16 @@ def test_the_noise_floor_is_bounded_not_raised():
 
 
 def test_an_over_hit_fails_whatever_the_answers_say():
-    hit = {"what": "pair 'slot 5'", "cached": 64, "bound": 16, "margin": float("nan")}
-    fine = {"what": "pair 'slot 4'", "cached": 16, "bound": 16, "margin": None}
+    hit = BoundedHit(what="pair 'slot 5'", cached=64, bound=16, margin=float("nan"))
+    fine = BoundedHit(what="pair 'slot 4'", cached=16, bound=16, margin=None)
     judged = judge_probe(evidence(hits=[fine, hit]))
     assert judged.verdict is Verdict.FAIL and judged.details["over_hits"] == 1
     assert "64 cached, at most 16" in judged.reason and "0 of the 1" in judged.reason
     assert judge_probe(evidence(hits=[fine])).verdict is Verdict.PASS
-    unreported = {"what": "x", "cached": None, "bound": 16, "margin": None}
+    unreported = BoundedHit(what="x", cached=None, bound=16, margin=None)
     assert judge_probe(evidence(hits=[unreported])).verdict is Verdict.PASS
     # the differential phase alone needs no recycling; a suite run does
-    alone = evidence(recycling={"observed": False, "how": "-"}, requires_recycling=False)
+    alone = evidence(recycling=Recycling(observed=False, how="-"), requires_recycling=False)
     assert judge_probe(alone).verdict is Verdict.PASS
     assert "no recycling needed" in judge_probe(alone).reason
 

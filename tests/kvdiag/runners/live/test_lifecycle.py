@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from kvdiag.commands.probe import parse_events
 from kvdiag.errors import KvdiagError
+from kvdiag.record.evidence import Recycling
+from kvdiag.record.summary_rows import EventRow
 from kvdiag.runners.live.compare import topk_distance
 from kvdiag.runners.live.lifeplan import OVERCOMMIT, plan_lifecycle
 from kvdiag.verdicts import ProbeEvidence, Verdict, judge_probe
@@ -112,14 +114,13 @@ def test_topk_distance_reads_shared_tokens_before_the_answers_part():
 
 def _evidence(**kw) -> ProbeEvidence:
     base = dict(divergences=[], floor_margins=[], numerics_margin=1.0, isolated=10, contaminated=0,
-                unchecked=0, isolation="cache_salt", recycling={"observed": True, "how": "evictions"},
+                unchecked=0, isolation="cache_salt", recycling=Recycling(observed=True, how="evictions"),
                 pool="805 blocks", answered=10)
     return ProbeEvidence(**(base | kw))
 
 
-def _rows(missing: str | None = None) -> list[dict]:
-    return [{"event": e, "reached": e != missing, "evidence": "why", "requests": 3, "server": {}}
-            for e in EVENTS]
+def _rows(missing: str | None = None) -> list[EventRow]:
+    return [EventRow(event=e, reached=e != missing, evidence="why", requests=3) for e in EVENTS]
 
 
 def test_a_required_event_not_reached_is_inconclusive_and_a_pass_names_what_it_covered():
