@@ -24,6 +24,7 @@ from kvdiag.engines.spec import EngineSpec, engine_spec
 from kvdiag.errors import KvdiagError
 from kvdiag.record.results import RunResult, Signature, model_label
 from kvdiag.record.summary import IsolationSummary, MatrixSummary, ProbeSummary
+from kvdiag.record.summary_rows import MatrixRow
 from kvdiag.verdicts import Verdict, caught_as_expected, expected_detection, judge_matrix
 
 HEALTHY = "healthy"
@@ -53,22 +54,18 @@ def choose(engine: EngineSpec, faults: list[str] | None, paths: list[str]) -> tu
 
 
 def row(name: str, fault: Fault | None, path: str, verdict: Verdict, reason: str, seconds: float,
-        **facts) -> dict:
-    """One row of the matrix (results.parquet and summary.json's `matrix`); its verdicts stay
-    Verdicts until they are written (pyarrow and pydantic write their words)."""
+        **facts) -> MatrixRow:
+    """One row of the matrix (results.parquet and summary.json's `matrix`). `facts`: what the
+    run counted (caught_by, corrupted, first_round, requests_to_first, numerics, run_dir)."""
     want = expected_detection(fault.live if fault else None, path)
-    return {"fault": name, "path": path, "class": fault.fault_class if fault else "-",
-            "event": (fault.event or "lookup") if fault else "-",
-            "reports": "; ".join(fault.reports) if fault else "",
-            "verdict": verdict, "expected": want,
-            "caught": caught_as_expected(verdict, want), "caught_by": facts.get("caught_by", "-"),
-            "corrupted": facts.get("corrupted"),
-            "first_round": facts.get("first_round"), "requests_to_first": facts.get("requests_to_first"),
-            "numerics": facts.get("numerics"), "seconds": round(seconds, 1),
-            "run_dir": facts.get("run_dir"), "reason": reason}
+    return MatrixRow(fault=name, path=path, fault_class=fault.fault_class if fault else "-",
+                     event=(fault.event or "lookup") if fault else "-",
+                     reports="; ".join(fault.reports) if fault else "", verdict=verdict, expected=want,
+                     caught=caught_as_expected(verdict, want), seconds=round(seconds, 1), reason=reason,
+                     **facts)
 
 
-def unreachable(fault: Fault | None, path: str) -> dict | None:
+def unreachable(fault: Fault | None, path: str) -> MatrixRow | None:
     """The row of a fault this path cannot reach here (inconclusive, the reason given, not
     caught), or None."""
     if fault is None or path not in fault.unreachable:
@@ -79,7 +76,7 @@ def unreachable(fault: Fault | None, path: str) -> dict | None:
     return row(fault.name, fault, path, judged.verdict, judged.reason, 0.0)
 
 
-def audit_rows(names: list[str], faults: dict, trace, info: Callable[[str], None]) -> list[dict]:
+def audit_rows(names: list[str], faults: dict, trace, info: Callable[[str], None]) -> list[MatrixRow]:
     from kvdiag.commands.audit import judge, planted_audit
     from kvdiag.runners.replay.vllm_api import load
 
@@ -101,7 +98,7 @@ def audit_rows(names: list[str], faults: dict, trace, info: Callable[[str], None
 
 
 def live_row(engine: EngineSpec, name: str, fault: Fault | None, suite: str, case: str | None,
-             out: Path, info: Callable[[str], None]) -> dict:
+             out: Path, info: Callable[[str], None]) -> MatrixRow:
     """One fault on a real server kvdiag starts (its own run directory under `out`)."""
     from kvdiag.commands.isolation import audit_target
     from kvdiag.commands.probe import probe
@@ -184,7 +181,7 @@ def detect(engine: str = "vllm", faults: list[str] | None = None, paths: list[st
     names, paths = choose(spec, faults, list(paths))
     known = spec.catalog()
     loaded, (chosen,) = load_cases(suite, case, one=True)
-    rows: list[dict] = []
+    rows: list[MatrixRow] = []
     with RunDir.begin(out_dir, f"detect-{engine}") as run, progress("detect", len(names) * len(paths)) as update:
         if "audit" in paths:
             from kvdiag.runners.replay.audit import trace_for_case
@@ -197,11 +194,12 @@ def detect(engine: str = "vllm", faults: list[str] | None = None, paths: list[st
             for name in names:
                 rows.append(live_row(spec, name, known.get(name.partition(":")[0]), suite, chosen.name, run.path, info))
                 update(advance=1)
-    judged = judge_matrix((f"{r['fault']}/{r['path']}", r["verdict"], r["expected"]) for r in rows)
+    judged = judge_matrix((f"{r.fault}/{r.path}", r.verdict, r.expected) for r in rows)
     # the model the rows ran on: the canary, or a live-only engine's own default (llama.cpp's GGUF)
     served = CANARY if "audit" in paths else spec.launcher().default_model()
     signature = Signature(engine=f"detect:{engine}", allocators=tuple(paths), block_size=loaded.block_size,
                           model=model_label(served), suite=loaded.name, seed=loaded.seed)
     summary = MatrixSummary(signature=signature.format(), suite=loaded.name, verdict=judged.verdict,
                             reason=judged.reason, engine=engine, paths=paths, matrix=rows)
-    return finish_run(RunResult("matrix", pd.DataFrame(rows), summary), run, timer)
+    frame = pd.DataFrame([r.model_dump(mode="json") for r in rows])
+    return finish_run(RunResult("matrix", frame, summary), run, timer)

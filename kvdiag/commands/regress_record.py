@@ -144,15 +144,15 @@ def _history_row(p, run_id: str, summary, main: str, run_brai, run_verdict: Verd
     reg = summary.regress
     m = reg.measurement[main]
     return {"run_id": run_id, "created": summary.created, "suite": p.suite.name,
-            "target": p.target.spec, "series": m["series"], "engine": p.key.engine,
+            "target": p.target.spec, "series": m.series, "engine": p.key.engine,
             "engine_version": p.key.engine_version, "model": p.key.model, "key_id": p.key.id,
             "key_json": json.dumps(p.key.as_dict(), sort_keys=True),
             "baseline_key_id": p.baseline.key.id if p.baseline else None,
             "signature": summary.signature, "verdict": reg.verdict.value,
             "run_verdict": run_verdict.value,
-            "main_case": main, "sqdr": m["sqdr"], "brai": run_brai,
-            "block_reuse_rate": m["block_reuse_rate"], "attention_leakage": m["attention_leakage"],
-            "divergence_ratio": m["divergence_ratio"], "wall_seconds": summary.wall_seconds,
+            "main_case": main, "sqdr": m.sqdr, "brai": run_brai,
+            "block_reuse_rate": m.block_reuse_rate, "attention_leakage": m.attention_leakage,
+            "divergence_ratio": m.divergence_ratio, "wall_seconds": summary.wall_seconds,
             "run_dir": str(p.run.final.resolve()), "command": summary.command,
             "kvdiag_version": __version__, "reason": reg.reason, "events": _events(summary)}
 

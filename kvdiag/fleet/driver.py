@@ -268,10 +268,10 @@ def worst_metric(summary: RegressRun) -> str:
     if reg.ground_truth_failures:
         return reg.ground_truth_failures[0]
     if reg.failed_checks:
-        return reg.failed_checks[0]["message"]
-    m = next(iter(reg.measurement.values()), {})
+        return reg.failed_checks[0].message
+    m = next(iter(reg.measurement.values()), None)
     brai = next(iter(reg.brai.values()), None)
-    return f"sqdr {m.get('sqdr')}, brai {brai}"
+    return f"sqdr {m.sqdr if m else None}, brai {brai}"
 
 
 def _error(fleet: Fleet, cell: Cell, e: BaseException) -> Outcome:

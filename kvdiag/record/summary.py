@@ -42,7 +42,7 @@ from kvdiag.record.evidence import (
     Traffic,
 )
 from kvdiag.record.sentinel import SentinelBlock
-from kvdiag.record.summary_rows import CompareTarget, EventRow, Num, Opt, RegressBlock, RoundRow
+from kvdiag.record.summary_rows import CompareTarget, EventRow, MatrixRow, Num, Opt, RegressBlock, RoundRow
 from kvdiag.verdicts import Verdict
 
 SCHEMA_VERSION = 3
@@ -231,7 +231,7 @@ class MatrixSummary(Summary):
     kind: Literal["matrix"] = "matrix"
     engine: str
     paths: list[str]
-    matrix: list[dict[str, Any]]
+    matrix: list[MatrixRow]
 
 
 class CompareSummary(Summary):

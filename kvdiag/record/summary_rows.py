@@ -3,7 +3,7 @@ table, a row of a probe's coverage table, a regression's comparison block."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -48,21 +48,98 @@ class EventRow(BaseModel):
     server: dict[str, Opt] = Field(default_factory=dict)
 
 
+class MatrixRow(BaseModel):
+    """One row of kvdiag detect's matrix (results.parquet and summary.json's `matrix`): a fault
+    on a path, the verdict its run gave and the one a run that catches it gives, whether it
+    was caught and by which channel, and how soon (kvdiag.commands.detect)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
+    fault: str
+    path: str
+    fault_class: str = Field("-", alias="class")
+    event: str = "-"
+    reports: str = ""
+    verdict: Verdict
+    expected: Verdict
+    caught: bool
+    caught_by: str = "-"
+    corrupted: int | None = None
+    first_round: int | None = None
+    requests_to_first: int | None = None
+    numerics: int | None = None
+    seconds: Num | None = None
+    run_dir: str | None = None
+    reason: str = ""
+
+
+class KeyBlock(BaseModel):
+    """What a baseline is keyed by (kvdiag.regress.keys.BaselineKey): a run is compared only
+    with a baseline of the same engine, version, model, suite and cache flags."""
+
+    model_config = ConfigDict(extra="forbid")
+    engine: str
+    engine_version: str
+    model: str
+    suite: str
+    suite_sha: str
+    flags: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+
+
+class BaselineRef(BaseModel):
+    """The baseline a regress run was held against: its file, run, target, date and key."""
+
+    model_config = ConfigDict(extra="forbid")
+    path: str
+    run_id: str
+    target: str
+    created: str
+    key_id: str
+
+
+class CaseMeasurement(BaseModel):
+    """One case as kvdiag.regress.measure measured it: the series under test, its run-level
+    metrics, and each round's (`rounds`: round and the per-round metrics)."""
+
+    model_config = ConfigDict(extra="forbid")
+    series: str
+    sqdr: Opt = None
+    block_reuse_rate: Opt = None
+    attention_leakage: Opt = None
+    divergence_ratio: Opt = None
+    requests: int = 0
+    rounds: list[dict[str, Opt]] = Field(default_factory=list)
+
+
+class FailedCheck(BaseModel):
+    """A check against the baseline that failed (kvdiag.regress.compare.Check): the case, the
+    metric and round (None: the whole run), the value, the baseline's, the worst still passing."""
+
+    model_config = ConfigDict(extra="forbid")
+    case: str
+    metric: str
+    round: int | None = None
+    value: Opt = None
+    baseline: Opt = None
+    limit: Opt = None
+    passed: bool = False
+    message: str = ""
+
+
 class RegressBlock(BaseModel):
     model_config = ConfigDict(extra="forbid")
     run_id: str
     target: str
     verdict: Verdict
     reason: str = ""
-    key: dict[str, Any]
+    key: KeyBlock
     key_id: str
     tolerances: dict[str, Num]
-    measurement: dict[str, dict[str, Any]]
+    measurement: dict[str, CaseMeasurement]
     brai: dict[str, Opt]
-    baseline: dict[str, Any] | None
+    baseline: BaselineRef | None
     regressed: dict[str, list[int]]
     ground_truth_failures: list[str]
-    failed_checks: list[dict[str, Any]]
+    failed_checks: list[FailedCheck]
 
 
 class CompareTarget(BaseModel):

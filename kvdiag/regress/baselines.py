@@ -117,9 +117,9 @@ def from_run(run_dir: Path, force: bool = False) -> tuple[Baseline, Verdict]:
         raise KvdiagError(f"{run_dir}: the run's verdict is {verdict.value}, not pass ({why}): a "
                           "baseline must come from a run that proved something; pass --force to "
                           "use it anyway (recorded in the history)")
-    return Baseline(BaselineKey.from_dict(regress.key), regress.target, regress.run_id,
+    return Baseline(BaselineKey.from_dict(regress.key.model_dump()), regress.target, regress.run_id,
                     summary.created or "", summary.signature, tuple(regress.measurement),
-                    regress.measurement), verdict
+                    {c: m.model_dump() for c, m in regress.measurement.items()}), verdict
 
 
 def update(path: Path, baseline: Baseline) -> tuple[Baseline | None, int]:

@@ -44,11 +44,10 @@ _PAGE = (
 
 
 def page(summary: MatrixSummary) -> str:
-    """Its rows are the matrix's dicts: a Verdict where the run holds them, its word where
-    summary.json gave them; the template prints either as the word."""
+    """The matrix's rows (MatrixRow), as their JSON words: the template prints each column."""
     from markupsafe import Markup
 
     return template(_PAGE).render(
         css=Markup(CSS), verdict=summary.verdict.value, engine=summary.engine, reason=summary.reason,
         suite=summary.suite, signature=summary.signature, created=summary.created or "?",
-        columns=COLUMNS, rows=summary.matrix)
+        columns=COLUMNS, rows=[r.model_dump(mode="json") for r in summary.matrix])

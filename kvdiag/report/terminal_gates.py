@@ -13,13 +13,12 @@ def render_regress(result) -> list:
     for col in ("case", "series", "SQDR", "BRAI", "reuse", "leakage", "divergence"):
         table.add_column(col, justify="left" if col in ("case", "series") else "right")
     for case, m in reg.measurement.items():
-        table.add_row(case, m["series"], *(("-" if v is None else f"{v:.4f}") for v in (
-            m["sqdr"], reg.brai.get(case), m["block_reuse_rate"], m["attention_leakage"],
-            m["divergence_ratio"])))
+        table.add_row(case, m.series, *(("-" if v is None else f"{v:.4f}") for v in (
+            m.sqdr, reg.brai.get(case), m.block_reuse_rate, m.attention_leakage, m.divergence_ratio)))
     lines: list = [table]
     lines.append(f"signature: {result.summary.signature}")
     base = reg.baseline
-    lines.append(f"baseline: {base['run_id']} ({base['target']}, {base['created']}) key {base['key_id']}"
+    lines.append(f"baseline: {base.run_id} ({base.target}, {base.created}) key {base.key_id}"
                   if base else "baseline: none (ground-truth check only)")
     if result.verdict is not Verdict.FAIL:
         lines.append(headline(result))
@@ -27,15 +26,15 @@ def render_regress(result) -> list:
         named = ", ".join(f"{m} (rounds {', '.join(map(str, r)) if r != [0] else 'whole run'})"
                           for m, r in reg.regressed.items())
         lines.append(headline(result, f"regressed: {named or 'nothing against the baseline'}"))
-        against = [c for c in reg.failed_checks if c["metric"] != "ground_truth"]
+        against = [c for c in reg.failed_checks if c.metric != "ground_truth"]
         for c in against[:25]:
-            lines.append(f"  {c['message']}")
+            lines.append(f"  {c.message}")
         if len(against) > 25:
             lines.append(f"  ... {len(against) - 25} more in summary.json (regress.failed_checks)")
         for c in reg.failed_checks:
-            if c["metric"] == "ground_truth":
-                first = c["message"].split("; ")[0]
-                lines.append(f"  {c['case']}: {int(c['value'])} ground-truth finding(s) against the "
+            if c.metric == "ground_truth":
+                first = c.message.split("; ")[0]
+                lines.append(f"  {c.case}: {int(c.value or 0)} ground-truth finding(s) against the "
                               f"run's own reference, first: {first}")
     junit = result.extra.get("junit")
     lines.append(f"run {reg.run_id}: {result.run_dir}/report.html"
@@ -86,11 +85,10 @@ def render_matrix(result) -> list:
         table.add_column(col, justify="left" if col in ("fault", "path", "event", "verdict", "expected",
                                                         "caught by") else "right", no_wrap=col != "caught by")
     for r in s.matrix:
-        table.add_row(r["fault"], r["path"], r.get("event", "-"), r["verdict"].upper(), r["expected"],
-                      r.get("caught_by", "-"),
-                      *(("-" if r[k] is None else str(r[k])) for k in
-                        ("corrupted", "first_round", "requests_to_first", "numerics", "seconds")),
-                      style=None if r["caught"] else "red")
+        table.add_row(r.fault, r.path, r.event, r.verdict.value.upper(), r.expected.value, r.caught_by,
+                      *("-" if v is None else str(v) for v in
+                        (r.corrupted, r.first_round, r.requests_to_first, r.numerics, r.seconds)),
+                      style=None if r.caught else "red")
     return [table, headline(result), *footer(result)]
 
 

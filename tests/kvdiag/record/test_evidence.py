@@ -1,0 +1,64 @@
+"""The probe's evidence blocks (kvdiag.record.evidence): a summary.json that a live probe
+wrote before they were typed (real vLLM, a planted lifecycle fault, kvdiag at commit 1d8c4e8;
+tests/fixtures/summaries/) loads, reads by attribute what its JSON says, and writes back the
+same blocks; a summary older still, without some blocks, loads with their defaults; and what
+only the judge reads (every bounded hit, every top-k shift) never reaches the file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvdiag.record.evidence import BoundedHit, KeyCoverage, Oracle, TopK
+from kvdiag.record.kinds import parse_summary
+from kvdiag.record.summary import ProbeSummary
+
+pytestmark = pytest.mark.unit
+
+OLD = Path(__file__).resolve().parents[2] / "fixtures" / "summaries" / "probe-vllm-ref-undercount-1d8c4e8.json"
+BLOCKS = ("noise_floor", "server", "recycling", "first_divergences", "ground_truth", "traffic",
+          "prompt_logprobs", "key_coverage", "lifecycle", "topk")
+
+
+def test_a_summary_written_before_the_types_loads_and_reads_by_attribute():
+    data = json.loads(OLD.read_text())
+    s = parse_summary(data)
+    assert type(s) is ProbeSummary and s.verdict.value == data["verdict"]
+    assert s.key_coverage.oracle.checked == data["key_coverage"]["oracle"]["checked"]
+    assert s.first_divergences[0].shared_token == data["first_divergences"][0]["shared_token"]
+    assert s.server.engine == data["server"]["engine"] and s.server.flags == data["server"]["flags"]
+    assert s.lifecycle.missing == data["lifecycle"]["missing"] and s.topk.compared == data["topk"]["compared"]
+    assert s.recycling.observed is data["recycling"]["observed"]
+    written = json.loads(s.to_json())
+    for block in BLOCKS:  # nothing it held is lost or changed on the way back
+        assert _held(data[block], written[block]), block
+
+
+def test_a_summary_without_some_blocks_loads_with_their_defaults():
+    data = json.loads(OLD.read_text())
+    for block in ("topk", "lifecycle", "key_coverage", "traffic", "prompt_logprobs"):
+        del data[block]
+    data["server"] |= {"vllm_version": "0.9.0"}  # a key an older kvdiag wrote, since dropped
+    s = parse_summary(data)
+    assert s.topk.compared == 0 and s.lifecycle.requests == 0 and not s.key_coverage.oracle.available
+    assert s.traffic.require == [] and s.prompt_logprobs.checked == 0
+
+
+def test_the_judges_inputs_stay_out_of_the_file():
+    hit = BoundedHit(what="round 2 s01", cached=64, bound=16)
+    kc = KeyCoverage(oracle=Oracle(available=True, checked=1, hits=[hit], over_hits=1, examples=[hit]))
+    topk = TopK(positions=4, shifts=[("round 2", 0.3)], floor_shifts=[0.1], compared=1, floor=0.1)
+    assert "hits" not in kc.model_dump()["oracle"] and kc.model_dump()["oracle"]["examples"][0]["cached"] == 64
+    assert set(topk.model_dump()) == {"positions", "compared", "floor", "threshold", "departed", "largest"}
+
+
+def _held(old, new) -> bool:
+    """Whether everything `old` holds is in `new` with the same value (a typed block may add
+    keys an older kvdiag did not write, at their defaults)."""
+    if isinstance(old, dict):
+        return isinstance(new, dict) and all(k in new and _held(v, new[k]) for k, v in old.items())
+    if isinstance(old, list):
+        return isinstance(new, list) and len(old) == len(new) and all(map(_held, old, new))
+    return old == new
