@@ -24,7 +24,6 @@ from kvdiag.record.summary import (
     SCHEMA_VERSION,
     AuditSummary,
     ProbeSummary,
-    ReproduceSummary,
     Summary,
 )
 

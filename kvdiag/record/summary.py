@@ -42,7 +42,17 @@ from kvdiag.record.evidence import (
     Traffic,
 )
 from kvdiag.record.sentinel import SentinelBlock
-from kvdiag.record.summary_rows import CompareTarget, EventRow, MatrixRow, Num, Opt, RegressBlock, RoundRow
+from kvdiag.record.summary_rows import (
+    CompareTarget,
+    EventRow,
+    MatrixRow,
+    Num,
+    Opt,
+    RegressBlock,
+    RoundRow,
+    SeriesGate,
+    VerifyGate,
+)
 from kvdiag.verdicts import Verdict
 
 SCHEMA_VERSION = 3
@@ -112,7 +122,7 @@ class ReproduceSummary(Summary):
     engine_log: dict[str, list[str]]
     seconds: dict[str, dict[str, Num]]
     vllm_audit: dict[str, dict[str, Any]] | None = None
-    gates: dict[str, dict[str, Any]]
+    gates: dict[str, SeriesGate]
     faults: dict[str, list[str]]
     recycled: dict[str, dict[str, int]] = Field(
         default_factory=dict, description="case -> allocator -> cached blocks recycled")
@@ -123,7 +133,7 @@ class VerifySummary(ReproduceSummary):
 
     ORDER = (*ReproduceSummary.ORDER, "gate", "run_verdict")
     kind: Literal["verify"] = "verify"
-    gate: dict[str, Any]
+    gate: VerifyGate
     run_verdict: Verdict
 
 
@@ -184,7 +194,7 @@ class AuditSummary(Summary):
     model: str
     fault: str | None = Field(None, description="the fault planted into vLLM in-process, if any")
     vllm_audit: dict[str, Any]
-    gates: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    gates: dict[str, SeriesGate] = Field(default_factory=dict)
     faults: dict[str, list[str]] = Field(default_factory=dict)
 
 

@@ -72,6 +72,30 @@ class MatrixRow(BaseModel):
     reason: str = ""
 
 
+class SeriesGate(BaseModel):
+    """One guarded series of a reproduce run against the contiguous reference: flat (no
+    finding) or not, and the findings."""
+
+    model_config = ConfigDict(extra="forbid")
+    passed: bool
+    failures: list[str] = Field(default_factory=list)
+
+
+class VerifyGate(BaseModel):
+    """kvdiag verify's gate (kvdiag.verdicts.judge_gate): --expect-guard or --expect-bug on one
+    allocator and case, whether it held, every finding, the first shown, the failing rounds."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: Literal["expect-guard", "expect-bug"]
+    allocator: str
+    case: str
+    passed: bool
+    findings: list[str] = Field(default_factory=list)
+    what: str = ""
+    shown: list[str] = Field(default_factory=list)
+    failing_rounds: list[int] = Field(default_factory=list)
+
+
 class KeyBlock(BaseModel):
     """What a baseline is keyed by (kvdiag.regress.keys.BaselineKey): a run is compared only
     with a baseline of the same engine, version, model, suite and cache flags."""

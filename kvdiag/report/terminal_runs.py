@@ -42,9 +42,9 @@ def rounds_table(summary: ReproduceSummary, case: str):
 def verdict_lines(summary: ReproduceSummary) -> list[str]:
     lines = []
     for key, gate in summary.gates.items():
-        state = "[green]flat[/]" if gate["passed"] else f"[red]NOT flat[/] ({len(gate['failures'])} findings)"
+        state = "[green]flat[/]" if gate.passed else f"[red]NOT flat[/] ({len(gate.failures)} findings)"
         lines.append(f"  {key}: {state}")
-        lines += [f"      {f}" for f in gate["failures"][:5]]
+        lines += [f"      {f}" for f in gate.failures[:5]]
     for key, findings in summary.faults.items():
         state = (f"[red]corruption reproduced[/] ({len(findings)} findings, first: {findings[0]})"
                  if findings else "[yellow]NOT reproduced: no corruption seen under the trigger[/]")
@@ -64,8 +64,8 @@ def render_reproduce(result) -> list:
 
 def render_verify(result) -> list:
     gate = result.summary.gate
-    lines = [headline(result, f"{gate['name']} --allocator {gate['allocator']}: {gate['what']}")]
-    lines += [f"  {line}" for line in gate["shown"]]
+    lines = [headline(result, f"{gate.name} --allocator {gate.allocator}: {gate.what}")]
+    lines += [f"  {line}" for line in gate.shown]
     return lines + footer(result)
 
 

@@ -211,28 +211,6 @@ class Endpoint(ServerIdentity):
         False when that does not work (or requests are in flight, or the engine has none)."""
         return self.protocol.reset(self._sync)
 
-    def cache_config(self) -> dict[str, str]:
-        """The labels of vLLM's `vllm:cache_config_info` gauge (block_size, num_gpu_blocks, ...,
-        all strings), or {} when /metrics has none."""
-        r = self._sync("GET", routes.METRICS)
-        if r.status_code != 200:
-            return {}
-        from prometheus_client.parser import text_string_to_metric_families
-
-        for family in text_string_to_metric_families(r.text):
-            for sample in family.samples:
-                if sample.name in ("vllm:cache_config_info", "vllm:cache_config_info_total"):
-                    return dict(sample.labels)
-        return {}
-
-    def version(self) -> str | None:
-        """The server's version from vLLM's GET /version (None when it has none)."""
-        r = self._sync("GET", routes.VERSION)
-        try:
-            return str(r.json()["version"]) if r.status_code == 200 else None
-        except (ValueError, KeyError, TypeError):
-            return None
-
     def metrics(self) -> dict[str, float]:
         """Counters from /metrics, summed over label sets (empty when the endpoint has none); a
         counter declared without a sample yet reads 0."""

@@ -1,6 +1,7 @@
 """Who a live server is, as a probe needs to know: its engine and version, the served model's
 digest (its /v1/models entry: weights cannot be hashed from outside), SGLang's /server_info,
-llama.cpp's /props, the engine's prefix-cache counters in /metrics, and the protocol it
+llama.cpp's /props, vLLM's /version and cache config (its /metrics gauge), the engine's
+prefix-cache counters in /metrics, and the protocol it
 speaks beyond OpenAI's API (kvdiag.engines.protocol). A mixin of kvdiag.runners.live.endpoint
 .Endpoint (it uses the endpoint's `_sync` and `model`)."""
 
@@ -64,6 +65,25 @@ class ServerIdentity:
         """llama.cpp's GET /props (default_generation_settings.n_ctx, total_slots,
         build_info), or {}."""
         return self._json(routes.PROPS) or {}
+
+    def cache_config(self) -> dict[str, str]:
+        """The labels of vLLM's `vllm:cache_config_info` gauge (block_size, num_gpu_blocks, ...,
+        all strings), or {} when /metrics has none."""
+        r = self._sync("GET", routes.METRICS)
+        if r.status_code != 200:
+            return {}
+        from prometheus_client.parser import text_string_to_metric_families
+
+        for family in text_string_to_metric_families(r.text):
+            for sample in family.samples:
+                if sample.name in ("vllm:cache_config_info", "vllm:cache_config_info_total"):
+                    return dict(sample.labels)
+        return {}
+
+    def version(self) -> str | None:
+        """The server's version from vLLM's GET /version (None when it has none)."""
+        found = (self._json(routes.VERSION) or {}).get("version")
+        return str(found) if found is not None else None
 
     @cached_property
     def protocol(self):

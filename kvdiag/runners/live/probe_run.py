@@ -17,17 +17,7 @@ from pathlib import Path
 
 from kvdiag.errors import KvdiagError
 from kvdiag.planning.suites import Case, Suite
-from kvdiag.record.evidence import (
-    FirstDivergence,
-    GroundTruth,
-    KeyCoverage,
-    Lifecycle,
-    NoiseFloor,
-    PromptLogprobs,
-    Recycling,
-    TopK,
-    Traffic,
-)
+from kvdiag.record import evidence as E
 from kvdiag.record.summary_rows import EventRow
 from kvdiag.runners.live import compare as C
 from kvdiag.runners.live import differential as D
@@ -58,20 +48,20 @@ class ProbeRun:
     engine: dict  # {"name", "version"} as the server says
     salted: bool
     pressure: list[int]
-    recycling: Recycling
-    noise_floor: NoiseFloor
-    ground_truth: GroundTruth
+    recycling: E.Recycling
+    noise_floor: E.NoiseFloor
+    ground_truth: E.GroundTruth
     prefix_cache: dict  # the server's own hit counters over the shared phase
-    prompt_logprobs: PromptLogprobs  # twins' prompt logprobs against their isolated rounds'
-    traffic: Traffic = field(default_factory=Traffic)  # what reached which class, which phases ran
-    key_coverage: KeyCoverage = field(default_factory=KeyCoverage)  # the over-hit oracle and the differential
-    # phase (coverage.key_coverage): raw rows, the judge decides
-    first_divergences: list[FirstDivergence] = field(default_factory=list)
+    prompt_logprobs: E.PromptLogprobs  # twins' prompt logprobs against their isolated rounds'
+    traffic: E.Traffic = field(default_factory=E.Traffic)  # what reached which class
+    # the over-hit oracle and the differential phase (coverage.key_coverage): the judge decides
+    key_coverage: E.KeyCoverage = field(default_factory=E.KeyCoverage)
+    first_divergences: list[E.FirstDivergence] = field(default_factory=list)
     by_request: list[dict] = field(default_factory=list)
     # the lifecycle phase: the events table (events.coverage), every request's divergence from
     # its twin, and how the phase was sized; and the second channel (compare.topk_channel)
-    lifecycle: Lifecycle = field(default_factory=Lifecycle)
-    topk: TopK = field(default_factory=TopK)
+    lifecycle: E.Lifecycle = field(default_factory=E.Lifecycle)
+    topk: E.TopK = field(default_factory=E.TopK)
     sentinel: object = None  # kvdiag.record.sentinel.SentinelBlock, where a sentinel watched
 
     @property
@@ -141,7 +131,7 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
     if sentinel is not None and Path(sentinel.source).parent == run_dir:
         sentinel.source = Path(sentinel.source).name  # in the run directory, whatever it is called
     run.sentinel = sentinel
-    run.traffic = Traffic(spread=settings.spread, twins=settings.twins, adapter=settings.adapter,
+    run.traffic = E.Traffic(spread=settings.spread, twins=settings.twins, adapter=settings.adapter,
                           prompt_logprobs=settings.prompt_logprobs,
                           twin_requests=sum(phase == P.TWIN for phase, _, _ in store.done),
                           isolation=endpoint.protocol.isolation if salted else "reset_prefix_cache",
@@ -151,7 +141,7 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
     run.key_coverage = key_coverage(plan, store, pressure, server, meta, ids_known,
                                     namespaces=run.traffic.namespaces)
     divergences = C.lifecycle_divergences(store)
-    run.lifecycle = Lifecycle(
+    run.lifecycle = E.Lifecycle(
         events=[EventRow(**row) for row in event_coverage(
             store, life, meta.get("life_observed") or {}, run.recycling, before,
             meta.get("metrics_after_life") or after)],
