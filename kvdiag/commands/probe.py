@@ -117,7 +117,7 @@ def summary_fields(run: ProbeRun, suite: Suite, verdict: Judgement, *, model_lab
         "numerics_requests": run.count("numerics"), "noise_floor": run.noise_floor,
         "isolation": run.traffic.isolation,
         "server_prefix_cache": run.prefix_cache,
-        "server": ServerBlock(**run.server.as_dict(), suite_pool=run.plan.schedule.num_blocks,
+        "server": ServerBlock(**run.server.model_dump(), suite_pool=run.plan.schedule.num_blocks,
                               engine=run.engine["name"], engine_version=run.engine["version"]),
         "recycling": run.recycling, "first_divergences": run.first_divergences or None,
         "inconclusive_reason": verdict.reason if verdict.verdict is Verdict.INCONCLUSIVE else None,
@@ -189,6 +189,6 @@ def probe(suite: str, case: str | None = None, style: str | None = None, *,
     fields = summary_fields(measured, loaded, verdict, model_label=served.model_label,
                             target_spec=spec.spec if spec.is_local else None)
     if args:
-        fields["server"].engine_args = list(args)
+        fields["server"] = fields["server"].model_copy(update={"engine_args": list(args)})
     frame, fields = userdata.finish(measured.frame, fields, run.path, no_text)
     return finish_run(RunResult("probe", frame, ProbeSummary(**fields)), run, timer)

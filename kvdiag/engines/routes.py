@@ -1,5 +1,5 @@
 """Every path kvdiag asks a server beyond OpenAI's /v1 API, and which engine answers it. The
-runners, the watch and the regress keys import these names; no module outside
+live endpoint, its identity, cancels and kvdiag watch import these names; no module outside
 kvdiag/engines/ spells an engine's path (tests/kvdiag/engines/test_routes.py holds it).
 
     METRICS      Prometheus text: vLLM, SGLang, kvdiag serve; llama.cpp with --metrics

@@ -31,16 +31,25 @@ class NoiseFloor(Block):
     numerics_margin: float = 0.0
 
 
-class ServerBlock(Block):
-    """The server's KV cache as the probe planned for it (runners/live/pressure.ServerCache),
-    and which engine and version answered. `flags`: where the figures came from, as the server
-    said them (vLLM's cache_config_info labels, SGLang's page size, llama.cpp's n_ctx)."""
+class ServerCache(Block):
+    """The server's KV cache as the probe plans for it (runners/live/pressure.py reads it);
+    `source` says where the figures came from: `cache_config_info` (vLLM's /metrics),
+    `server_info` (SGLang's /server_info), `props` (llama.cpp's /props: its context's cells
+    over all slots), `flags` (the user's --block-size / --num-blocks) or `suite` (neither: the
+    suite's block size, pool unknown). `flags`: the figures as the server said them."""
 
-    block_size: int | None = None
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    block_size: int
     num_blocks: int | None = None
-    source: str = ""
+    source: str
     version: str | None = None
     flags: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+
+
+class ServerBlock(ServerCache):
+    """summary.json's `server`: its cache as the probe planned for it, the suite's own pool,
+    which engine and version answered, and the flags kvdiag started it with (if it did)."""
+
     suite_pool: int | None = None
     engine: str | None = None
     engine_version: str | None = None

@@ -157,7 +157,7 @@ class ProbeSummary(Summary):
     noise_floor: NoiseFloor = Field(default_factory=NoiseFloor)
     isolation: Literal["cache_salt", "cache_prompt", "reset_prefix_cache"]
     server_prefix_cache: dict[str, Opt]
-    server: ServerBlock = Field(default_factory=ServerBlock)
+    server: ServerBlock
     recycling: Recycling = Field(default_factory=Recycling)
     first_divergences: list[FirstDivergence] | None = None
     inconclusive_reason: str | None = None

@@ -8,10 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from kvdiag.engines import routes
-
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
-RESET_PATHS = routes.RESET  # a reset through the proxy empties the index
 MAX_BODY = 64 << 20  # a JSON response larger than this is relayed, not parsed
 HEAD, TAIL = 4096, 65536  # a stream keeps its first bytes (the id) and its last (the usage)
 

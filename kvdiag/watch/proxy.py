@@ -22,8 +22,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from kvdiag.engines import routes
 from kvdiag.watch.checker import Checker
-from kvdiag.watch.exchange import RESET_PATHS, Exchange
+from kvdiag.watch.exchange import Exchange
 from kvdiag.watch.metrics import PATH as METRICS_PATH
 
 HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
@@ -54,7 +55,7 @@ def build_app(upstream: httpx.AsyncClient, checker: Checker, status) -> Starlett
                 ex = None  # compressed: relayed, not read
             else:
                 checker.event("sent", ex)
-        if path in RESET_PATHS and response.status_code == 200:
+        if path in routes.RESET and response.status_code == 200:  # a reset empties the index
             checker.event("reset", None)
 
         async def stream():

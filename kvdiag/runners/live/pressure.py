@@ -20,28 +20,9 @@ entries still "hit"), but then its answers diverge.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-
-from kvdiag.record.evidence import Recycling
+from kvdiag.record.evidence import Recycling, ServerCache
 from kvdiag.runners.live.endpoint import Endpoint
 from reference_engine.util import cdiv
-
-
-@dataclass(frozen=True)
-class ServerCache:
-    """The server's KV cache as the probe plans for it; `source` says where the figures came
-    from: `cache_config_info` (vLLM's /metrics), `server_info` (SGLang's /server_info),
-    `props` (llama.cpp's /props: its context's cells over all slots), `flags` (the user's
-    --block-size / --num-blocks) or `suite` (neither: the suite's block size, pool unknown)."""
-
-    block_size: int
-    num_blocks: int | None
-    source: str
-    version: str | None = None
-    flags: dict = field(default_factory=dict)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def read_server_cache(endpoint: Endpoint, suite_block_size: int, *, block_size: int | None = None,
@@ -59,8 +40,8 @@ def read_server_cache(endpoint: Endpoint, suite_block_size: int, *, block_size: 
 
     bs, pool = as_int("block_size"), as_int("num_gpu_blocks")
     if bs or pool:
-        return ServerCache(bs or block_size or suite_block_size, pool or num_blocks,
-                           "cache_config_info", version, labels)
+        return ServerCache(block_size=bs or block_size or suite_block_size, num_blocks=pool or num_blocks,
+                           source="cache_config_info", version=version, flags=labels)
     info = endpoint.server_info
     if info.get("max_total_num_tokens"):
         # SGLang: a radix tree over pages (of one token on CPU); plan in the suite's blocks
@@ -68,19 +49,22 @@ def read_server_cache(endpoint: Endpoint, suite_block_size: int, *, block_size: 
         page = int(info.get("page_size") or 1)
         bs = block_size or (page if page > 1 else suite_block_size)
         flags = {"page_size": page, "max_total_num_tokens": int(info["max_total_num_tokens"])}
-        return ServerCache(bs, num_blocks or int(info["max_total_num_tokens"]) // bs, "server_info",
-                           str(info.get("version")) if info.get("version") else version, flags)
+        return ServerCache(block_size=bs, num_blocks=num_blocks or int(info["max_total_num_tokens"]) // bs,
+                           source="server_info", flags=flags,
+                           version=str(info.get("version")) if info.get("version") else version)
     settings = endpoint.props.get("default_generation_settings") or {}
     if settings.get("n_ctx"):
         # llama.cpp: a KV cell per token, n_ctx of them (one context, its slots' sequences
         # in it); planned in the suite's blocks, as SGLang's one-token pages are
         bs = block_size or suite_block_size
         flags = {"n_ctx": int(settings["n_ctx"]), "total_slots": endpoint.props.get("total_slots")}
-        return ServerCache(bs, num_blocks or int(settings["n_ctx"]) // bs, "props",
-                           endpoint.props.get("build_info") or version, flags)
+        return ServerCache(block_size=bs, num_blocks=num_blocks or int(settings["n_ctx"]) // bs,
+                           source="props", version=endpoint.props.get("build_info") or version,
+                           flags=flags)
     if block_size or num_blocks:
-        return ServerCache(block_size or suite_block_size, num_blocks, "flags", version, labels)
-    return ServerCache(suite_block_size, None, "suite", version, labels)
+        return ServerCache(block_size=block_size or suite_block_size, num_blocks=num_blocks,
+                           source="flags", version=version, flags=labels)
+    return ServerCache(block_size=suite_block_size, source="suite", version=version, flags=labels)
 
 
 def pressure_sessions(schedule, pool: int | None, pressure_round: int, *, limit: int) -> list[int]:

@@ -138,7 +138,7 @@ def test_one_namespace_and_isolated_sources_where_the_engine_has_no_namespaces(t
     _row(store, DIFF, 1, b, 2.0, 39, salt="run")  # hits all of b but its last token: the twin's
     _row(store, DIFF, 2, a, 3.0, 39, salt="other")  # all of a under another salt
     store.close()
-    server = ServerCache(16, 512, "props")
+    server = ServerCache(block_size=16, num_blocks=512, source="props")
     got = key_coverage(None, store, [], server, {}, True, namespaces=namespaces)
     oracle = got.oracle
     over = {h.what: over_hit(h.cached, h.bound) for h in oracle.hits}
