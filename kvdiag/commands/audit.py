@@ -18,12 +18,18 @@ from kvdiag.errors import KvdiagError
 from kvdiag.record.results import RunResult, Signature, model_label
 from kvdiag.record.summary import AuditSummary
 from kvdiag.runners.replay.audit import AuditRun, audit_trace, trace_for_case
-from kvdiag.verdicts import Judgement, judge_audit, judge_reference
+from kvdiag.verdicts import Judgement, differential_over_hits, judge_audit, judge_reference
 from kvdiag.vocab import VLLM
 
 
 def judge(run: AuditRun) -> Judgement:
+    """judge_audit's verdict; the differential phase's over-hits, counted by the judge
+    (differential_over_hits), written into the epilogue's figures and findings first."""
     section = run.section
+    epilogue = section.get("epilogue")
+    if epilogue and "over_hits" not in epilogue["differential"]:
+        epilogue["differential"] = differential_over_hits(epilogue["differential"])
+        epilogue["findings"] = epilogue["findings"] + epilogue["differential"].pop("findings")
     return judge_audit(corrupted_rounds=section["corrupted_rounds"],
                        invariant_violations=section["invariant_violations"],
                        cross_tenant_hits=section.get("cross_tenant_hits", 0),

@@ -26,6 +26,7 @@ from kvdiag.record.results import RunResult, Signature, model_label
 from kvdiag.record.summary import IsolationSummary, MatrixSummary, ProbeSummary
 from kvdiag.record.summary_rows import MatrixRow
 from kvdiag.verdicts import Verdict, caught_as_expected, expected_detection, judge_matrix
+from kvdiag.verdicts.detection import audit_caught_by, isolation_caught_by, probe_caught_by
 
 HEALTHY = "healthy"
 PATHS = ("audit", "live")
@@ -93,7 +94,7 @@ def audit_rows(names: list[str], faults: dict, trace, info: Callable[[str], None
         out.append(row(name, faults.get(name.partition(":")[0]), "audit", judged.verdict, judged.reason,
                        time.perf_counter() - t0, corrupted=run.corrupted_requests(),
                        first_round=first[0], requests_to_first=first[1], numerics=0,
-                       caught_by=_audit_channels(run.section)))
+                       caught_by=audit_caught_by(run.section)))
     return out
 
 
@@ -142,28 +143,14 @@ def live_row(engine: EngineSpec, name: str, fault: Fault | None, suite: str, cas
 
 
 def _live_channels(s: ProbeSummary | IsolationSummary) -> str:
-    """How a live run caught its fault, from what its judge counted: over-hit, answer, prompt
-    logprobs, ground truth (isolated requests hit the cache), the sentinel inside the server,
-    the isolation audit."""
+    """How a live run caught its fault (kvdiag.verdicts.detection): the isolation audit, or
+    the probe's channels from the blocks its judge counted."""
     if isinstance(s, IsolationSummary):
-        return "isolation" if s.verdict is Verdict.FAIL else "-"
-    found = [("sentinel", s.sentinel.bad if s.sentinel else 0),
-             ("over-hit", s.key_coverage.oracle.over_hits), ("answer", s.corrupted_requests),
-             ("logprobs", s.prompt_logprobs.mismatched), ("top-k", s.topk.departed),
-             ("ground truth", s.ground_truth.contaminated)]
-    return ",".join(what for what, n in found if n) or "-"
-
-
-def _audit_channels(section: dict) -> str:
-    """How the model-free audit caught its fault: a corrupted read, an invariant, a hit across
-    salts, the differential phase's over-hits, the epilogue's other phases."""
-    epilogue = section.get("epilogue") or {}
-    over = (epilogue.get("differential") or {}).get("over_hits", 0)
-    found = [("read", section.get("corrupted_rounds")),
-             ("invariant", section.get("invariant_violations")),
-             ("salt", section.get("cross_tenant_hits")), ("over-hit", over),
-             ("epilogue", len(epilogue.get("findings") or []) > (1 if over else 0))]
-    return ",".join(what for what, n in found if n) or "-"
+        return isolation_caught_by(s.verdict)
+    return probe_caught_by(sentinel=s.sentinel, oracle=s.key_coverage.oracle,
+                           corrupted_requests=s.corrupted_requests,
+                           prompt_logprobs=s.prompt_logprobs, topk=s.topk,
+                           ground_truth=s.ground_truth)
 
 
 def detect(engine: str = "vllm", faults: list[str] | None = None, paths: list[str] = ("audit",),

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvdiag.commands.lifecycle import no_progress
+from kvdiag.record.isolation_rows import IsolationBlock, IsolationCell
 from kvdiag.record.results import RunResult, Signature
 from kvdiag.record.summary import IsolationSummary
 from kvdiag.runners.live.endpoint import Endpoint
@@ -82,7 +83,7 @@ def audit_isolation(base_url: str, model: str, api_key: str | None, plan: Isolat
             label, who = model_label or ep.model_label(), ep.identity()
         finally:
             ep.sync.close()
-        verdict = judge_isolation(result.cells, result.plan["lengths"], result.error)
+        verdict = judge_isolation(result.cells, result.plan, result.error)
         summary = IsolationSummary(**isolation_fields(result, verdict, base_url=base_url,
                                                       model=model, model_label=label,
                                                       engine=f"{who['name']}-{who['version']}"))
@@ -97,14 +98,15 @@ def audit_isolation(base_url: str, model: str, api_key: str | None, plan: Isolat
 def isolation_fields(result: IsolationResult, verdict: Judgement, *, base_url: str, model: str,
                      model_label: str, engine: str = "endpoint") -> dict:
     """IsolationSummary's fields: the shared ones (signature, suite, verdict, rounds) plus the
-    `isolation` block the renderer reads."""
+    `isolation` block the renderers read, its cells as the judge flagged them."""
     sig = Signature(engine=engine, allocators=("isolation",),
-                    block_size=result.server["block_size"], model=model_label, suite="isolation",
-                    seed=result.plan["seed"])
-    exposure = [c for c in result.cells if c["config"] == "no-salt"]
+                    block_size=result.server.block_size, model=model_label, suite="isolation",
+                    seed=result.plan.seed)
+    cells: list[IsolationCell] = verdict.details["cells"]
     return {
         "signature": sig.format(), "suite": "isolation", "verdict": verdict.verdict,
         "reason": verdict.reason, "target": base_url, "model": model, "rounds": [], "sqdr": {},
         "brai": {}, "requests": result.requests, "leaks": verdict.details["leaks"],
-        "isolation": {"server": result.server, "plan": result.plan, "cells": result.cells,
-                      "exposure_leaks": any(c["leaks"] for c in exposure)}}
+        "isolation": IsolationBlock(server=result.server, plan=result.plan, cells=cells,
+                                    exposure_leaks=any(c.leaks for c in cells
+                                                       if c.config == "no-salt"))}

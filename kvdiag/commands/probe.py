@@ -22,8 +22,14 @@ from kvdiag.record.evidence import KeyCoverage, ServerBlock
 from kvdiag.record.results import RunResult, Signature
 from kvdiag.record.summary import ProbeSummary
 from kvdiag.runners.live.phases import ISOLATED, SHARED, ProbeSettings
-from kvdiag.runners.live.probe_run import ProbeRun
-from kvdiag.verdicts import Judgement, ProbeEvidence, Verdict, judge_probe
+from kvdiag.runners.live.probe_facts import ProbeRun
+from kvdiag.verdicts import (
+    Judgement,
+    ProbeEvidence,
+    Verdict,
+    judge_probe,
+    prompt_logprob_departures,
+)
 
 SENTINEL_FILE = "sentinel.jsonl"
 
@@ -64,14 +70,15 @@ def parse_events(spec: str | None) -> tuple[str, ...]:
 
 
 def evidence(run: ProbeRun) -> ProbeEvidence:
-    """What the probe measured, raw, as judge_probe reads it."""
+    """What the probe measured, raw, as judge_probe reads it: its divergences begin with
+    `run.departed`'s rows, in order (judge() writes their labels back)."""
     pool = "unknown" if run.server.num_blocks is None else f"{run.server.num_blocks} blocks"
-    shared = run.shared
-    departed = shared[shared["first_divergence"].notna()]
-    pairs = run.key_coverage.differential
-    divergences = [(str(int(r)), float(m)) for r, m in zip(departed["round"], departed["divergence_margin"])]
+    departed, pairs = run.departed, run.key_coverage.differential
+    # a --differential-only run's frame is its pairs: each counted once, named by its phase
+    where = ["differential" if run.differential_only else str(int(r)) for r in departed["round"]]
+    divergences = [(w, float(m)) for w, m in zip(where, departed["divergence_margin"])]
     divergences += [("differential", p.margin) for p in pairs
-                    if p.margin is not None and p.margin == p.margin]
+                    if not run.differential_only and p.margin is not None and p.margin == p.margin]
     life = run.lifecycle.divergences
     divergences += [(f"lifecycle {q.group}", q.margin) for q in life if q.margin == q.margin]
     oracle = run.key_coverage.oracle
@@ -83,7 +90,8 @@ def evidence(run: ProbeRun) -> ProbeEvidence:
         pool=f"{pool} of {run.server.block_size} tokens, {len(run.pressure)} pressure sessions",
         hits=oracle.hits, oracle=oracle,
         logprob_departures=run.prompt_logprobs.departed,
-        answered=len(shared) + sum(p.margin is not None for p in pairs) + len(life),
+        answered=len(run.shared) + sum(p.margin is not None for p in pairs) * (not run.differential_only)
+        + len(life),
         requires_recycling=not run.traffic.differential_only,
         topk=run.topk.shifts, topk_floor=run.topk.floor_shifts,
         events=run.lifecycle.events, required=tuple(run.traffic.require),
@@ -91,7 +99,14 @@ def evidence(run: ProbeRun) -> ProbeEvidence:
 
 
 def judge(run: ProbeRun) -> Judgement:
-    return judge_probe(evidence(run))
+    """judge_probe's verdict, its labels written into the run first to last: the prompt
+    logprobs' departures, then each departed answer's class (the frame's classification, the
+    first divergences, the by-request windows), so every count the run reports follows the
+    judge's one labelling."""
+    run.prompt_logprobs = prompt_logprob_departures(run.prompt_logprobs, run.noise_floor.numerics_margin)
+    verdict = judge_probe(evidence(run))
+    run.label(verdict.details["labels"][:len(run.departed)])
+    return verdict
 
 
 def summary_fields(run: ProbeRun, suite: Suite, verdict: Judgement, *, model_label: str | None = None,
@@ -112,9 +127,10 @@ def summary_fields(run: ProbeRun, suite: Suite, verdict: Judgement, *, model_lab
         "style": run.plan.style, "targets": [target], "model": run.model_label.split("@")[0],
         "verdict": verdict.verdict, "reason": verdict.reason,
         "corruption_rounds": run.corruption_rounds,
+        "corruption_where": verdict.details.get("where") or None,
         # every request that departed decisively, any phase (differential, shared, lifecycle)
-        "corrupted_requests": verdict.details.get("corrupted", run.count("corruption")),
-        "numerics_requests": run.count("numerics"), "noise_floor": run.noise_floor,
+        "corrupted_requests": verdict.details["corrupted"],
+        "numerics_requests": verdict.details["numerics"], "noise_floor": run.noise_floor,
         "isolation": run.traffic.isolation,
         "server_prefix_cache": run.prefix_cache,
         "server": ServerBlock(**run.server.model_dump(), suite_pool=run.plan.schedule.num_blocks,

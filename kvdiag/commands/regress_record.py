@@ -16,8 +16,16 @@ from pathlib import Path
 
 from kvdiag.record.results import RunResult
 from kvdiag.record.summary import RegressProbeSummary, RegressReferenceSummary
+from kvdiag.record.summary_rows import (
+    BaselineRef,
+    CaseMeasurement,
+    FailedCheck,
+    KeyBlock,
+    RegressBlock,
+)
 from kvdiag.regress import history as H
 from kvdiag.regress.compare import Check, compare, regressed_rounds, unmatched
+from kvdiag.regress.measure import CaseBrai
 from kvdiag.verdicts import Judgement, Verdict, judge_regress, judge_series
 
 
@@ -73,24 +81,25 @@ def record(p, opts, measured, cold: bool, timer) -> RunResult:
     brais = _brais(series, base, cold, fields)
     main = main_case(series)
     run_id = H.unique_run_id(opts.history, p.run.final.resolve().name)
-    fields |= {"verdict": verdict.verdict, "reason": verdict.reason, "cold_cache": cold}
-    fields["regress"] = {
-        "run_id": run_id, "target": p.target.spec, "verdict": verdict.verdict,
-        "reason": verdict.reason, "key": p.key.as_dict(), "key_id": p.key.id,
-        "tolerances": opts.tolerances.as_dict(), "measurement": series,
-        "brai": {c: b["brai"] for c, b in brais.items()},
-        "baseline": None if p.baseline is None else {
-            "path": str(opts.baseline), "run_id": p.baseline.run_id, "target": p.baseline.target,
-            "created": p.baseline.created, "key_id": p.baseline.key.id},
-        "regressed": regressed, "ground_truth_failures": truth_failures,
-        "failed_checks": [c.as_dict() for c in failed]}
+    block = RegressBlock(
+        run_id=run_id, target=p.target.spec, verdict=verdict.verdict, reason=verdict.reason,
+        key=KeyBlock.model_validate(p.key.as_dict()), key_id=p.key.id,
+        tolerances=opts.tolerances.as_dict(), measurement=series,
+        brai={c: b.brai for c, b in brais.items()},
+        baseline=None if p.baseline is None else BaselineRef(
+            path=str(opts.baseline), run_id=p.baseline.run_id, target=p.baseline.target,
+            created=p.baseline.created, key_id=p.baseline.key.id),
+        regressed=regressed, ground_truth_failures=truth_failures,
+        failed_checks=[FailedCheck.model_validate(c.as_dict()) for c in failed])
+    fields |= {"verdict": verdict.verdict, "reason": verdict.reason, "cold_cache": cold,
+               "regress": block}
     summary = kind(**fields)
     write_run(p.run.path, frame, summary)  # what was measured is on disk before anything else
     result = RunResult("regress", frame, summary,
                        extra={"checks": checks, "ground_truth": truth, "run_id": run_id})
 
     def history_row(stamped) -> dict:  # of the summary as finish_run stamps it (its `created`)
-        return _history_row(p, run_id, stamped, main, brais[main]["brai"], truth.verdict)
+        return _history_row(p, run_id, stamped, main, brais[main].brai, truth.verdict)
 
     def trend(stamped):
         import pandas as pd
@@ -103,26 +112,28 @@ def record(p, opts, measured, cold: bool, timer) -> RunResult:
                before_report=lambda d: [shutil.copy(f, d / Path(f).name) for f in opts.attach
                                         if Path(f).is_file()])
     row = history_row(result.summary) | {"run_dir": str(result.run_dir.resolve())}
-    rounds = [{"case": case, **r, "brai": brais[case]["rounds"].get(r["round"])}
-              for case, cm in series.items() for r in cm["rounds"]]
+    rounds = [{"case": case, **r.model_dump(), "brai": brais[case].rounds.get(r.round)}
+              for case, cm in series.items() for r in cm.rounds]
     if opts.junit is not None:
         result.extra["junit"] = _junit(p, opts, summary, checks, truth, result.run_dir, timer)
-    H.append(opts.history, row, rounds, [c.as_dict() for c in failed])  # last
+    H.append(opts.history, row, rounds, failed)  # last
     return result
 
 
-def _brais(series: dict, base: dict | None, cold: bool, fields: dict) -> dict:
+def _brais(series: dict[str, CaseMeasurement], base: dict[str, CaseMeasurement] | None,
+           cold: bool, fields: dict) -> dict[str, CaseBrai]:
     """Per case, the run-level and per-round BRAI against the baseline; None where a warm
-    cache makes reuse meaningless; without a baseline, the in-run guarded series' reuse."""
+    cache makes reuse meaningless; without a baseline, the in-run guarded series' reuse
+    (the measured run's `by_case` summary field: case -> "brai" -> series -> BRAI)."""
     from kvdiag.regress.measure import brai_against
 
+    if not cold:  # a warm cache's reuse says nothing: publish no BRAI rather than a false one
+        return {case: CaseBrai() for case in series}
     brais = brai_against(series, base)
-    for case, b in brais.items():
-        if not cold:  # a warm cache's reuse says nothing: publish no BRAI rather than a false one
-            b["brai"], b["rounds"] = None, {}
-        elif base is None:
-            b["brai"] = fields.get("by_case", {}).get(case, {}).get("brai", {}).get(
-                series[case]["series"])
+    if base is None:
+        by_case = fields.get("by_case") or {}
+        brais = {case: CaseBrai(brai=(by_case.get(case) or {}).get("brai", {}).get(m.series))
+                 for case, m in series.items()}
     return brais
 
 
@@ -131,7 +142,7 @@ def _junit(p, opts, summary, checks, truth: Judgement, run_dir: Path, timer) -> 
 
     props = {"signature": summary.signature, "key_id": p.key.id, "verdict": summary.verdict.value,
              "baseline": p.baseline.run_id if p.baseline else "(none)", "run_dir": str(run_dir)}
-    return write_junit(opts.junit, junit_xml(p.suite.name, p.target.spec, [c.as_dict() for c in checks],
+    return write_junit(opts.junit, junit_xml(p.suite.name, p.target.spec, checks,
                                              seconds=timer.seconds, properties=props,
                                              ground_truth=(truth.verdict, truth.reason),
                                              case=p.cases[0].name))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -83,7 +84,9 @@ class EngineServer:
 
     @staticmethod
     def find_python() -> str:
-        raise NotImplementedError
+        """The engine's interpreter (or binary); KvdiagError naming the make target that
+        installs it. Default: kvdiag's own (the reference server runs from it)."""
+        return sys.executable
 
     @staticmethod
     def default_model() -> Path:

@@ -25,64 +25,33 @@ and from the newest tenant-isolation audit of each (target, model) (`kvdiag isol
     kvdiag_isolation_passed              1 isolated, 0 leaks or cannot tell
     kvdiag_isolation_auc{config,length}  ROC AUC of TTFT, correct vs wrong guesses
     kvdiag_isolation_cached_tokens{config,length,guess}  mean cached tokens per guess
+
+The history's rows are read typed (kvdiag.export.rows: RunRow with its rounds, IsolationRow).
 """
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
 
 from kvdiag.errors import KvdiagError
+from kvdiag.export.rows import IsolationRow, RoundRow, RunRow, latest_isolation, latest_runs
 from kvdiag.verdicts import Verdict
 
 LABELS = ("model_name", "engine", "suite", "target")
 TEXTFILE_NAME = "kvdiag.prom"
-RUN_GAUGES = {  # metric -> (history column, help)
+RUN_GAUGES = {  # metric -> (history column: a RunRow field, help)
     "kvdiag_sqdr": ("sqdr", "Session quality decay rate: (fact-check pass rate at round 1 - at round n) / n."),
     "kvdiag_brai": ("brai", "Block reuse anomaly index: |block reuse rate - the guarded baseline's|."),
     "kvdiag_attention_leakage": ("attention_leakage", "Mean attention mass on foreign or unwritten KV slots per generated token."),
     "kvdiag_cache_divergence_ratio": ("divergence_ratio", "Requests whose output the cache changed / requests."),
     "kvdiag_block_reuse_ratio": ("block_reuse_rate", "Blocks served from the prefix cache / blocks the prompts need."),
 }
-ROUND_GAUGES = {
+ROUND_GAUGES = {  # metric -> (history column: a RoundRow field, help)
     "kvdiag_fact_check_pass_ratio": ("fact_check_pass_rate", "Answers whose fact triple matches the knowledge base / answers checked, per round."),
     "kvdiag_bleu4": ("bleu4", "BLEU-4 of the outputs against the ground truth's, per round (0-100)."),
 }
-
-
-def _value(v) -> float | None:
-    if v is None:
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(f) else f
-
-
-def latest_runs(history: Path, suite: str | None = None) -> list[dict]:
-    """The newest run of each (suite, target, model), with `rounds` of its main case."""
-    from kvdiag.regress import history as H
-
-    frame = H.runs(history, suite=suite)
-    if frame.empty:
-        return []
-    newest = frame.groupby(["suite", "target", "model"], sort=False).tail(1).to_dict("records")
-    rounds = H.rounds_of(history, [r["run_id"] for r in newest])
-    for run in newest:
-        mine = rounds[(rounds["run_id"] == run["run_id"]) & (rounds["case_name"] == run["main_case"])]
-        run["rounds"] = mine.to_dict("records")
-    return newest
-
-
-def _model_name(run: dict) -> str:
-    """The served name for live targets (so it joins vLLM's model_name); the model label
-    (<dir>-<sha8>) for the reference engine."""
-    model = str(run.get("model") or "")
-    return model.split("@", 1)[0] if run.get("engine") != "reference" else model
 
 
 class HistoryCollector:
@@ -97,11 +66,9 @@ class HistoryCollector:
     def collect(self):
         from prometheus_client.core import GaugeMetricFamily
 
-        from kvdiag.regress import history as H
-
         present = self.history.is_file()
         runs = latest_runs(self.history, self.suite) if present else []
-        audits = H.latest_isolation(self.history) if present and self.suite is None else []
+        audits = latest_isolation(self.history) if present and self.suite is None else []
         history = GaugeMetricFamily("kvdiag_history_present", "1 when the run history file "
                                     "exists and holds a run, 0 otherwise (KvdiagHistoryMissing "
                                     "fires on 0).", labels=("history",))
@@ -122,27 +89,31 @@ class HistoryCollector:
         info = GaugeMetricFamily("kvdiag_run_info", "The last regression run: engine version, run id and signature.",
                                  labels=(*LABELS, "engine_version", "run_id", "signature"))
         for run in runs:
-            labels = [_model_name(run), str(run["engine"]), str(run["suite"]), str(run["target"])]
+            labels = [run.model_name, str(run.engine), str(run.suite), str(run.target)]
             for name, (column, _) in RUN_GAUGES.items():
-                if (v := _value(run.get(column))) is not None:
+                if (v := _gauge(run, column)) is not None:
                     run_families[name].add_metric(labels, v)
-            for r in run["rounds"]:
+            for r in run.rounds:
                 for name, (column, _) in ROUND_GAUGES.items():
-                    if (v := _value(r.get(column))) is not None:
-                        round_families[name].add_metric([*labels, str(int(r["round"]))], v)
-            verdict = Verdict.parse(run["verdict"])
-            passed.add_metric(labels, 1.0 if verdict.passed else 0.0)
+                    if (v := _gauge(r, column)) is not None:
+                        round_families[name].add_metric([*labels, str(r.round)], v)
+            passed.add_metric(labels, 1.0 if run.verdict.passed else 0.0)
             for v in Verdict:
-                state.add_metric([*labels, v.value], 1.0 if v is verdict else 0.0)
-            stamp.add_metric(labels, datetime.fromisoformat(run["created"]).timestamp())
-            info.add_metric([*labels, str(run["engine_version"]), str(run["run_id"]),
-                             str(run["signature"])], 1.0)
+                state.add_metric([*labels, v.value], 1.0 if v is run.verdict else 0.0)
+            stamp.add_metric(labels, run.timestamp)
+            info.add_metric([*labels, str(run.engine_version), str(run.run_id),
+                             str(run.signature)], 1.0)
         yield from run_families.values()
         yield from round_families.values()
         yield from (passed, state, stamp, info)
 
 
-def _isolation_families(rows: list[dict]):
+def _gauge(row: RunRow | RoundRow, column: str) -> float | None:
+    """A gauge's value from its typed row (None: no sample); `column` names one of its fields."""
+    return getattr(row, column)
+
+
+def _isolation_families(rows: list[IsolationRow]):
     from prometheus_client.core import GaugeMetricFamily
 
     labels = ("model_name", "target")
@@ -157,15 +128,15 @@ def _isolation_families(rows: list[dict]):
                                labels=(*labels, "config", "length", "guess"))
     seen = set()
     for r in rows:
-        who = [str(r["model"]), str(r["target"])]
+        who = [str(r.model), str(r.target)]
         if tuple(who) not in seen:
             seen.add(tuple(who))
-            passed.add_metric(who, 1.0 if Verdict.parse(r["verdict"]).passed else 0.0)
-        cell = [*who, str(r["config"]), str(r["length"])]
-        if (v := _value(r["auc"])) is not None:
-            auc.add_metric(cell, v)
-        for guess, column in (("correct", "cached_correct"), ("wrong", "cached_wrong")):
-            if (v := _value(r[column])) is not None:
+            passed.add_metric(who, 1.0 if r.verdict.passed else 0.0)
+        cell = [*who, str(r.config), str(r.length)]
+        if r.auc is not None:
+            auc.add_metric(cell, r.auc)
+        for guess, v in (("correct", r.cached_correct), ("wrong", r.cached_wrong)):
+            if v is not None:
                 cached.add_metric([*cell, guess], v)
     yield from (passed, auc, cached)
 

@@ -4,7 +4,8 @@ run again by Ray. Results stream back as they finish; only this process writes: 
 run directory (kvdiag.commands.regress.record: atomic `.partial` -> committed), the SQLite
 history (one row per finished cell) and FLEET_RUN/cells.jsonl (one line per outcome).
 
-    FLEET_RUN/fleet.json      the plan: fleet file, history, baseline, targets, cells
+    FLEET_RUN/fleet.json      the plan (kvdiag.fleet.plan.FleetPlan): fleet file, history,
+                              baseline, targets, cells
     FLEET_RUN/cells.jsonl     one outcome per line, the last line of a cell wins
     FLEET_RUN/<cell id>/      that cell's regress run directory (report.html, summary.json)
 
@@ -29,7 +30,8 @@ from pathlib import Path
 
 from kvdiag.errors import KvdiagError
 from kvdiag.fleet.cell import PID_DIR_ENV, measure_cell
-from kvdiag.fleet.outcome import Outcome
+from kvdiag.fleet.outcome import CELLS_FILE, Outcome, read_outcomes
+from kvdiag.fleet.plan import PLAN_FILE, FleetPlan
 from kvdiag.fleet.spec import Cell, Fleet
 from kvdiag.record.summary import RegressProbeSummary, RegressRun
 from kvdiag.verdicts import Verdict, judge_unmeasured
@@ -43,14 +45,10 @@ def run_fleet(fleet: Fleet, run_dir: Path, *, resume: bool = False, ray_address:
               ) -> list[Outcome]:
     """Run every cell not finished yet; return every cell's outcome, in the fleet's order."""
     run_dir = Path(run_dir).resolve()
-    if resume and not (run_dir / "fleet.json").is_file():
-        raise KvdiagError(f"--resume {run_dir}: not a fleet run (no fleet.json)")
+    if resume and not (run_dir / PLAN_FILE).is_file():
+        raise KvdiagError(f"--resume {run_dir}: not a fleet run (no {PLAN_FILE})")
     run_dir.mkdir(parents=True, exist_ok=True)
-    plan = {"fleet": str(fleet.path.resolve()), "history": str(fleet.history.resolve()),
-            "baseline": str(fleet.baseline.resolve()),
-            "targets": [{"name": t.name, "spec": t.spec, "kind": t.kind} for t in fleet.targets],
-            "cells": [c.model_dump() | {"id": c.id} for c in fleet.cells]}
-    (run_dir / "fleet.json").write_text(json.dumps(plan, indent=2) + "\n")
+    FleetPlan.of(fleet).save(run_dir)
     from kvdiag.regress import history as H
 
     H.connect(fleet.history).close()  # created (or checked) before any cell runs
@@ -73,7 +71,7 @@ def run_fleet(fleet: Fleet, run_dir: Path, *, resume: bool = False, ray_address:
 
 
 def _append(run_dir: Path, o: Outcome) -> Outcome:
-    with open(run_dir / "cells.jsonl", "a") as f:
+    with open(run_dir / CELLS_FILE, "a") as f:
         f.write(json.dumps(o.record()) + "\n")
     return o
 
@@ -109,12 +107,7 @@ def _finished(fleet: Fleet, run_dir: Path) -> dict[str, Outcome]:
         from kvdiag.regress import history as H
 
         recorded = set(H.runs(fleet.history)["run_dir"].dropna())
-    last = {}
-    if (run_dir / "cells.jsonl").is_file():
-        for line in (run_dir / "cells.jsonl").read_text().splitlines():
-            if line.strip():
-                o = Outcome.from_record(json.loads(line))
-                last[o.cell] = o
+    last = read_outcomes(run_dir)
     done = {}
     for cell in fleet.cells:
         final, partial = run_dir / cell.id, run_dir / (cell.id + ".partial")

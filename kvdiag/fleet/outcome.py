@@ -5,9 +5,13 @@ parsed back only when a later process reads that file."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 
 from kvdiag.verdicts import Verdict
+
+CELLS_FILE = "cells.jsonl"
 
 
 @dataclass
@@ -37,6 +41,23 @@ class Outcome:
 
     @classmethod
     def from_record(cls, data: dict) -> Outcome:
-        """A line of cells.jsonl, written by this or an earlier driver."""
-        fields = {k: v for k, v in data.items() if k != "status"}
-        return cls(**fields, verdict=Verdict.parse(data["status"]))
+        """A line of cells.jsonl, written by this or an earlier driver: an unknown key is
+        ignored, a missing name reads as empty, a missing or unknown status as ERROR."""
+        known = {f.name for f in fields(cls)} - {"verdict"}
+        given = {k: v for k, v in data.items() if k in known}
+        named = {k: "" for k in _NAMES if given.get(k) is None}
+        return cls(**(given | named), verdict=Verdict.parse(data.get("status")))
+
+
+_NAMES = ("cell", "target", "spec", "suite", "case", "worst")  # the str fields, "" when missing
+
+
+def read_outcomes(run_dir: Path) -> dict[str, Outcome]:
+    """{cell id: its last outcome} of RUN_DIR/cells.jsonl (the last line of a cell wins);
+    empty when there is none yet."""
+    path, last = Path(run_dir) / CELLS_FILE, {}
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        if line.strip():
+            o = Outcome.from_record(json.loads(line))
+            last[o.cell] = o
+    return last

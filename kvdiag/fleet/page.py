@@ -6,31 +6,22 @@ inline matplotlib SVG, each run's verdict marked). The page is a jinja2 template
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from kvdiag.errors import KvdiagError
+from kvdiag.fleet.outcome import Outcome, read_outcomes
+from kvdiag.fleet.plan import FleetPlan
 from kvdiag.report.style import template
 
+NOT_RUN = "NOT RUN"  # a cell of the plan with no outcome yet
 COLORS = {"PASS": "#d4edda", "FAIL": "#f8d7da", "INCONCLUSIVE": "#fde9c8", "ERROR": "#e9d5ff",
-          "NOT RUN": "#eeeeee"}
+          NOT_RUN: "#eeeeee"}
 TREND_RUNS = 52
 VERDICT_DOTS = {"pass": "#008800", "fail": "#cc0000"}  # any other verdict: amber
 
 
-def load_outcomes(run_dir: Path) -> tuple[dict, dict]:
+def load_outcomes(run_dir: Path) -> tuple[FleetPlan, dict[str, Outcome]]:
     """(fleet.json's plan, {cell id: last outcome}) of a fleet run directory."""
-    run_dir = Path(run_dir)
-    if not (run_dir / "fleet.json").is_file():
-        raise KvdiagError(f"{run_dir}: not a fleet run (no fleet.json)")
-    plan = json.loads((run_dir / "fleet.json").read_text())
-    last = {}
-    cells = run_dir / "cells.jsonl"
-    for line in cells.read_text().splitlines() if cells.is_file() else []:
-        if line.strip():
-            o = json.loads(line)
-            last[o["cell"]] = o
-    return plan, last
+    return FleetPlan.load(run_dir), read_outcomes(run_dir)
 
 
 def trend(history: Path, spec: str):
@@ -87,10 +78,11 @@ task error, time limit) or its ground truth hit the cache.</p>
 <th>SQDR, past runs (green: pass, red: fail, amber: other)</th></tr>
 {% for name, spec, cells, sparkline in rows %}<tr><th>{{ name }}<br><small>{{ spec }}</small></th>\
 {% for cell in cells %}{% if cell %}{% set cid, o, linked = cell %}\
-<td style="background:{{ colors.get(o["status"], "#eeeeee") }}"><b>{{ o["status"] }}</b>\
+{% set status = o.status if o else not_run %}\
+<td style="background:{{ colors.get(status, "#eeeeee") }}"><b>{{ status }}</b>\
 {% if linked %} \
-<a href="{{ cid }}/report.html">report</a>{% endif %}<br><small>{{ o.get("worst") or "" }}</small>\
-{% if o.get("events") %}<br><small>{{ o["events"] }}</small>{% endif %}</td>\
+<a href="{{ cid }}/report.html">report</a>{% endif %}<br><small>{{ o.worst if o else "" }}</small>\
+{% if o and o.events %}<br><small>{{ o.events }}</small>{% endif %}</td>\
 {% else %}<td></td>{% endif %}{% endfor %}<td>{{ sparkline }}</td></tr>{% endfor %}</table></body></html>
 """
 
@@ -101,25 +93,26 @@ def render(run_dir: Path) -> str:
 
     run_dir = Path(run_dir)
     plan, last = load_outcomes(run_dir)
-    columns = list(dict.fromkeys((c["suite_name"], c["case"]) for c in plan["cells"]))
-    cell_of = {(c["target"], c["suite_name"], c["case"]): c["id"] for c in plan["cells"]}
+    columns = list(dict.fromkeys((c.suite_name, c.case) for c in plan.cells))
+    cell_of = {(c.target, c.suite_name, c.case): c.id for c in plan.cells}
     rows, counts = [], {}
-    for t in plan["targets"]:
-        cells = []  # (cell id, its last outcome, whether its report exists), or None: no cell
+    for t in plan.targets:
+        cells = []  # (cell id, its last outcome or None: not run, whether its report exists)
         for s, k in columns:
-            cid = cell_of.get((t["name"], s, k))
+            cid = cell_of.get((t.name, s, k))
             if cid is None:
-                cells.append(None)
+                cells.append(None)  # no such cell
                 continue
-            o = last.get(cid, {"status": "NOT RUN", "worst": ""})
-            counts[o["status"]] = counts.get(o["status"], 0) + 1
-            cells.append((cid, o, bool(o.get("run_dir")) and (run_dir / cid / "report.html").is_file()))
-        past = trend(Path(plan["history"]), t["spec"])
-        rows.append((t["name"], t["spec"], cells, Markup(sparkline(past, f"sqdr{len(rows)}"))))
+            o = last.get(cid)
+            status = o.status if o else NOT_RUN
+            counts[status] = counts.get(status, 0) + 1
+            cells.append((cid, o, bool(o and o.run_dir) and (run_dir / cid / "report.html").is_file()))
+        past = trend(Path(plan.history), t.spec)
+        rows.append((t.name, t.spec, cells, Markup(sparkline(past, f"sqdr{len(rows)}"))))
     return template(_PAGE).render(
-        name=run_dir.name, fleet=plan["fleet"], history=plan["history"], columns=columns,
+        name=run_dir.name, fleet=plan.fleet, history=plan.history, columns=columns,
         total=", ".join(f"{n} {s}" for s, n in sorted(counts.items())), rows=rows,
-        colors=COLORS)
+        colors=COLORS, not_run=NOT_RUN)
 
 
 def _number(value: float | None) -> str:

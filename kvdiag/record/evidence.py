@@ -123,9 +123,22 @@ class LogprobExample(Block):
     isolated: list | dict | str | float | None = None
 
 
-class PromptLogprobs(Block):
-    """Twins' prompt logprobs against their isolated rounds': checked, departed, where."""
+class LogprobPair(Block):
+    """One twin's prompt logprobs beside its isolated round's, position by position
+    ([token, logprob] or None each), as the runner read them: the judge says which departed
+    (kvdiag.verdicts.prompt_logprob_departures)."""
 
+    session: int = 0
+    round: int = 0  # 1-based
+    shared: list = Field(default_factory=list)
+    isolated: list = Field(default_factory=list)
+
+
+class PromptLogprobs(Block):
+    """Twins' prompt logprobs against their isolated rounds': the pairs measured (`pairs`,
+    not stored), and the judge's counts of them: checked, departed, where."""
+
+    pairs: list[LogprobPair] = Field(default_factory=list, exclude=True)
     checked: int = 0
     mismatched: int = 0
     examples: list[LogprobExample] = Field(default_factory=list)

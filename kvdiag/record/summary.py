@@ -41,6 +41,7 @@ from kvdiag.record.evidence import (
     TopK,
     Traffic,
 )
+from kvdiag.record.isolation_rows import IsolationBlock, IsolationLeak
 from kvdiag.record.sentinel import SentinelBlock
 from kvdiag.record.summary_rows import (
     CompareTarget,
@@ -60,7 +61,11 @@ STAMP = ("wall_seconds", "command", "created", "schema_version", "kind", "enviro
 
 
 class Summary(BaseModel):
-    """What every kind writes. Subclasses add their fields; ORDER is the key order on disk."""
+    """What every kind writes. Subclasses add their fields; ORDER is the key order on disk.
+
+    `environment` stays a dict[str, Any] on purpose: it is a provenance record of the machine
+    (kvdiag.record.environment), its packages keyed by whatever is installed, that no judge,
+    page or gate reads field by field; typing it would freeze the list of packages."""
 
     model_config = ConfigDict(extra="forbid", use_enum_values=False)
     ORDER: ClassVar[tuple[str, ...]] = ()
@@ -86,8 +91,9 @@ class Summary(BaseModel):
     environment: dict[str, Any] = Field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        """The JSON-ready dict, keys in ORDER (then any other field, then the stamp)."""
-        data = self.model_dump(mode="json")
+        """The JSON-ready dict, keys in ORDER (then any other field, then the stamp); a NaN
+        or infinity (a margin where two answers never parted) is null, as JSON has no NaN."""
+        data = json.loads(self.model_dump_json())
         for key in self.OMIT_NONE:
             if data.get(key) is None:
                 data.pop(key, None)
@@ -96,7 +102,7 @@ class Summary(BaseModel):
         return {k: data[k] for k in (*first, *rest, *(s for s in STAMP if s in data))}
 
     def to_json(self) -> str:
-        return json.dumps(self.as_dict(), indent=2, default=str) + "\n"
+        return json.dumps(self.as_dict(), indent=2, default=str, allow_nan=False) + "\n"
 
     def round_dicts(self) -> list[dict]:
         return [r.model_dump(mode="json", exclude_none=False) for r in self.rounds]
@@ -107,7 +113,12 @@ METRICS_ORDER = ("rounds", "sqdr", "brai", "main_case", "by_case", "bleu_signatu
 
 
 class ReproduceSummary(Summary):
-    """kvdiag reproduce: the suite's cases through the contiguous reference and each allocator."""
+    """kvdiag reproduce: the suite's cases through the contiguous reference and each allocator.
+
+    `vllm_audit` (case -> the audit section) is a dict[str, Any] on purpose, as in
+    AuditSummary: it is vLLM's own KVCacheManager's replay as kvdiag.runners.replay writes it,
+    keyed by what the installed vLLM exposes (its version, its counters, NOT_REPLAYED), and only
+    the audit's judge and console read it."""
 
     ORDER = (*METRICS_ORDER, "suite_path", "cases", "targets", "allocators", "model", "device",
              "engine_log", "seconds", "vllm_audit", "verdict", "gates", "faults")
@@ -141,17 +152,20 @@ class ProbeSummary(Summary):
     """kvdiag probe: a live server, shared vs cache-isolated runs of the same requests."""
 
     ORDER = (*METRICS_ORDER, "cases", "style", "targets", "model", "verdict", "corruption_rounds",
-             "corrupted_requests", "numerics_requests", "noise_floor", "isolation",
+             "corruption_where", "corrupted_requests", "numerics_requests", "noise_floor", "isolation",
              "server_prefix_cache", "server", "recycling", "first_divergences",
              "inconclusive_reason", "ground_truth", "divergence_by_request", "traffic",
              "prompt_logprobs", "key_coverage", "target_spec", "events", "lifecycle", "topk", "sentinel")
-    OMIT_NONE = frozenset({"first_divergences", "inconclusive_reason", "target_spec", "sentinel"})
+    OMIT_NONE = frozenset({"first_divergences", "inconclusive_reason", "target_spec", "sentinel",
+                           "corruption_where"})
     kind: Literal["probe"] = "probe"
     cases: list[str]
     style: str
     targets: list[str]
     model: str
     corruption_rounds: list[int]
+    corruption_where: str | None = Field(None, description="where the judge found the corrupted "
+                                         "requests: 'rounds 2, 5; lifecycle flood, differential'")
     corrupted_requests: int
     numerics_requests: int
     noise_floor: NoiseFloor = Field(default_factory=NoiseFloor)
@@ -182,7 +196,10 @@ class ProbeSummary(Summary):
 
 
 class AuditSummary(Summary):
-    """kvdiag audit-vllm: a trace replayed through vLLM's own KVCacheManager, model-free."""
+    """kvdiag audit-vllm: a trace replayed through vLLM's own KVCacheManager, model-free.
+
+    `vllm_audit` is a dict[str, Any] on purpose: vLLM's replay as the installed vLLM reports
+    it (see ReproduceSummary); kvdiag.verdicts.judge_audit and the audit console read it."""
 
     ORDER = (*METRICS_ORDER, "cases", "targets", "allocators", "model", "fault", "vllm_audit",
              "verdict", "gates", "faults")
@@ -207,8 +224,9 @@ class IsolationSummary(Summary):
     target: str
     model: str
     requests: int
-    leaks: list[dict[str, Any]]
-    isolation: dict[str, Any]
+    leaks: list[IsolationLeak] = Field(description="the judged configurations' leaking cells")
+    isolation: IsolationBlock = Field(description="the server facts, the plan and every "
+                                      "judged cell (kvdiag.record.isolation_rows)")
 
 
 class RegressReferenceSummary(ReproduceSummary):

@@ -120,6 +120,22 @@ class BaselineRef(BaseModel):
     key_id: str
 
 
+class RoundMeasurement(BaseModel):
+    """One round of a case as kvdiag.regress.measure measured it: the round and its metrics
+    (kvdiag.regress.measure.ROUND_METRICS; None where the round has no value)."""
+
+    model_config = ConfigDict(extra="forbid")
+    round: int
+    fact_check_pass_rate: Opt = None
+    bleu4: Opt = None
+    block_reuse_rate: Opt = None
+    attention_leakage: Opt = None
+    divergence_ratio: Opt = None
+    foreign_slots: Opt = None
+    unwritten_slots: Opt = None
+    nonfinite_logits: Opt = None
+
+
 class CaseMeasurement(BaseModel):
     """One case as kvdiag.regress.measure measured it: the series under test, its run-level
     metrics, and each round's (`rounds`: round and the per-round metrics)."""
@@ -131,7 +147,7 @@ class CaseMeasurement(BaseModel):
     attention_leakage: Opt = None
     divergence_ratio: Opt = None
     requests: int = 0
-    rounds: list[dict[str, Opt]] = Field(default_factory=list)
+    rounds: list[RoundMeasurement] = Field(default_factory=list)
 
 
 class FailedCheck(BaseModel):

@@ -6,6 +6,10 @@ per key: a fleet of engines, several suites); teams commit it beside their CI co
       "run_id": "...", "created": "...", "signature": "...", "cases": [...],
       "measurement": {case: {...}}}]}     (measurement: kvdiag.regress.measure.measure)
 
+Each entry loads into StoredBaseline, its measurement into the summary's CaseMeasurement and
+RoundMeasurement (kvdiag.record.summary_rows): a file written before those models existed
+has the same keys and loads as it is.
+
 A lookup that finds baselines of the suite but none with the run's key raises
 KeyMismatch (exit 2): a run is never compared with a baseline of another engine, version,
 model or flag set.
@@ -18,9 +22,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+
 from kvdiag.errors import KvdiagError
 from kvdiag.record.rundir import load_summary, require_finished
 from kvdiag.record.summary import RegressRun
+from kvdiag.record.summary_rows import CaseMeasurement
 from kvdiag.regress.keys import BaselineKey
 from kvdiag.verdicts import Verdict
 
@@ -38,6 +45,20 @@ class KeyMismatch(KvdiagError):
                          "with `kvdiag baseline update RUN_DIR` if the change is intended")
 
 
+class StoredBaseline(BaseModel):
+    """One baseline as the file holds it (key_id is derived from the key, so not read back;
+    other keys are ignored, as they always were)."""
+
+    model_config = ConfigDict(extra="ignore")
+    key: dict
+    target: str
+    run_id: str
+    created: str
+    signature: str = ""
+    cases: list[str]
+    measurement: dict[str, CaseMeasurement]
+
+
 @dataclass(frozen=True)
 class Baseline:
     key: BaselineKey
@@ -46,18 +67,20 @@ class Baseline:
     created: str
     signature: str
     cases: tuple[str, ...]
-    measurement: dict
+    measurement: dict[str, CaseMeasurement]
 
     def as_dict(self) -> dict:
         return {"key": self.key.as_dict(), "key_id": self.key.id, "target": self.target,
                 "run_id": self.run_id, "created": self.created, "signature": self.signature,
-                "cases": list(self.cases), "measurement": self.measurement}
+                "cases": list(self.cases),
+                "measurement": {c: m.model_dump() for c, m in self.measurement.items()}}
 
     @classmethod
     def from_dict(cls, data: dict) -> Baseline:
-        return cls(BaselineKey.from_dict(data["key"]), data["target"], data["run_id"],
-                   data["created"], data.get("signature", ""), tuple(data["cases"]),
-                   data["measurement"])
+        """A file's entry; pydantic's ValidationError names what is wrong with it."""
+        stored = StoredBaseline.model_validate(data)
+        return cls(BaselineKey.from_dict(stored.key), stored.target, stored.run_id, stored.created,
+                   stored.signature, tuple(stored.cases), stored.measurement)
 
 
 def load(path: Path) -> list[Baseline]:
@@ -70,6 +93,10 @@ def load(path: Path) -> list[Baseline]:
         if data.get("schema") != SCHEMA:
             raise KvdiagError(f"{path}: baseline schema {data.get('schema')!r}, this kvdiag reads {SCHEMA}")
         return [Baseline.from_dict(b) for b in data["baselines"]]
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(map(str, first["loc"]))
+        raise KvdiagError(f"{path}: not a kvdiag baseline file ({where}: {first['msg']})") from None
     except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
         raise KvdiagError(f"{path}: not a kvdiag baseline file ({type(e).__name__}: {e})") from None
 
@@ -119,7 +146,7 @@ def from_run(run_dir: Path, force: bool = False) -> tuple[Baseline, Verdict]:
                           "use it anyway (recorded in the history)")
     return Baseline(BaselineKey.from_dict(regress.key.model_dump()), regress.target, regress.run_id,
                     summary.created or "", summary.signature, tuple(regress.measurement),
-                    {c: m.model_dump() for c, m in regress.measurement.items()}), verdict
+                    dict(regress.measurement)), verdict
 
 
 def update(path: Path, baseline: Baseline) -> tuple[Baseline | None, int]:

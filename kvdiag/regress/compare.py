@@ -22,10 +22,15 @@ fifty per round) while a single corrupted answer per round on 50+ sessions still
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
+from typing import TYPE_CHECKING
 
 from kvdiag.errors import KvdiagError
 from kvdiag.metrics.decay import SQDR_HEALTHY
+from kvdiag.verdicts.regress import within_tolerance
 from kvdiag.vocab import BRAI_MAX
+
+if TYPE_CHECKING:
+    from kvdiag.record.summary_rows import CaseMeasurement
 
 
 @dataclass(frozen=True)
@@ -93,20 +98,22 @@ def _fmt(v) -> str:
 
 
 def _check(case, metric, rnd, value, baseline, direction, tol) -> Check | None:
+    """`metric` against its baseline (kvdiag.verdicts.regress.within_tolerance decides);
+    None where either side has no value."""
     if value is None or baseline is None:
         return None
-    limit = baseline + direction * tol
-    passed = value <= limit + 1e-12 if direction > 0 else value >= limit - 1e-12
+    limit, passed = within_tolerance(value, baseline, direction, tol)
     where = f"round {rnd}: " if rnd is not None else ""
     message = "" if passed else (f"{case}: {where}{metric} = {_fmt(value)} (baseline {_fmt(baseline)}, "
                                  f"{'max' if direction > 0 else 'min'} {_fmt(limit)})")
     return Check(case, metric, rnd, value, baseline, limit, passed, message)
 
 
-def compare(measured: dict, baseline: dict, tol: Tolerances = Tolerances(),
-            skip: tuple[str, ...] = (), per_round_brai: bool = True) -> list[Check]:
-    """Every check of every case the baseline holds (measure() dicts on both sides), but
-    the metrics in `skip`. per_round_brai=False keeps BRAI to the whole run: a live
+def compare(measured: dict[str, CaseMeasurement], baseline: dict[str, CaseMeasurement],
+            tol: Tolerances = Tolerances(), skip: tuple[str, ...] = (),
+            per_round_brai: bool = True) -> list[Check]:
+    """Every check of every case the baseline holds (measure()'s CaseMeasurements on both
+    sides), but the metrics in `skip`. per_round_brai=False keeps BRAI to the whole run: a live
     server's per-round reuse depends on when concurrent requests happen to arrive (in
     round 1, whether one session has cached the shared system prompt before the others
     look it up), so only the reference engine's is compared round by round."""
@@ -118,23 +125,24 @@ def compare(measured: dict, baseline: dict, tol: Tolerances = Tolerances(),
         base = baseline.get(case)
         if base is None:
             continue
-        checks.append(_check(case, "sqdr", None, m["sqdr"], base["sqdr"], +1, tol.sqdr))
-        checks.append(_check(case, "brai", None, brais[case]["brai"], 0.0, +1, tol.brai))
-        base_rounds = {r["round"]: r for r in base["rounds"]}
-        for r in m["rounds"]:
-            b = base_rounds.get(r["round"])
+        brai = brais[case]
+        checks.append(_check(case, "sqdr", None, m.sqdr, base.sqdr, +1, tol.sqdr))
+        checks.append(_check(case, "brai", None, brai.brai, 0.0, +1, tol.brai))
+        base_rounds = {b.round: b for b in base.rounds}
+        for r in m.rounds:
+            b = base_rounds.get(r.round)
             if b is None:
                 continue
             if per_round_brai:
-                checks.append(_check(case, "brai", r["round"], brais[case]["rounds"].get(r["round"]),
-                                     0.0, +1, tol.brai))
+                checks.append(_check(case, "brai", r.round, brai.rounds.get(r.round), 0.0, +1, tol.brai))
             for metric, (direction, tol_name) in ROUND_CHECKS.items():
-                checks.append(_check(case, metric, r["round"], r.get(metric), b.get(metric),
+                checks.append(_check(case, metric, r.round, getattr(r, metric), getattr(b, metric),
                                      direction, getattr(tol, tol_name)))
     return [c for c in checks if c is not None and c.metric not in skip]
 
 
-def unmatched(measured: dict, baseline: dict, skip: tuple[str, ...] = ()) -> list[str]:
+def unmatched(measured: dict[str, CaseMeasurement], baseline: dict[str, CaseMeasurement],
+              skip: tuple[str, ...] = ()) -> list[str]:
     """What the baseline measured that this run did not (a case, a round, or a metric with a
     value in the baseline and none here), so a comparison never silently covers less; the
     judge makes any of it an error."""
@@ -144,17 +152,17 @@ def unmatched(measured: dict, baseline: dict, skip: tuple[str, ...] = ()) -> lis
         if m is None:
             out.append(f"{case}: no measurement")
             continue
-        if base.get("sqdr") is not None and m.get("sqdr") is None and "sqdr" not in skip:
+        if base.sqdr is not None and m.sqdr is None and "sqdr" not in skip:
             out.append(f"{case}: sqdr")
-        rounds = {r["round"]: r for r in m["rounds"]}
-        for b in base["rounds"]:
-            r = rounds.get(b["round"])
+        rounds = {r.round: r for r in m.rounds}
+        for b in base.rounds:
+            r = rounds.get(b.round)
             if r is None:
-                out.append(f"{case}: round {b['round']}")
+                out.append(f"{case}: round {b.round}")
                 continue
-            out += [f"{case}: round {b['round']} {metric}" for metric in ROUND_CHECKS
-                    if metric not in skip and b.get(metric) is not None and r.get(metric) is None]
-        extra = sorted(set(rounds) - {b["round"] for b in base["rounds"]})
+            out += [f"{case}: round {b.round} {metric}" for metric in ROUND_CHECKS
+                    if metric not in skip and getattr(b, metric) is not None and getattr(r, metric) is None]
+        extra = sorted(set(rounds) - {b.round for b in base.rounds})
         out += [f"{case}: round {n} (not in the baseline)" for n in extra]
     return out
 

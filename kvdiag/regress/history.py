@@ -25,7 +25,10 @@ from typing import TYPE_CHECKING
 from kvdiag.errors import KvdiagError
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from kvdiag.record.summary import IsolationSummary
+    from kvdiag.regress.compare import Check
 
 SCHEMA = 5
 DEFAULT_PATH = Path("reports/history.sqlite")
@@ -108,8 +111,9 @@ def connect(path: Path, create: bool = True) -> sqlite3.Connection:
     return con
 
 
-def append(path: Path, run: dict, rounds: list[dict], failed_checks: list[dict]) -> None:
-    """One run, its rounds and its failed checks, in one transaction."""
+def append(path: Path, run: dict, rounds: list[dict], failed_checks: Sequence[Check]) -> None:
+    """One run (a `runs` row: RUN_COLUMNS), its rounds (`rounds` rows: case, round and
+    ROUND_COLUMNS) and its failed checks (kvdiag.regress.compare.Check), in one transaction."""
     con = connect(path)
     try:
         con.execute("BEGIN IMMEDIATE")
@@ -122,8 +126,8 @@ def append(path: Path, run: dict, rounds: list[dict], failed_checks: list[dict])
         con.executemany(
             "INSERT INTO checks (run_id, case_name, metric, round, value, baseline, limit_value, "
             "message) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            [[run["run_id"], c["case"], c["metric"], c["round"], c["value"], c["baseline"],
-              c["limit"], c["message"]] for c in failed_checks])
+            [[run["run_id"], c.case, c.metric, c.round, c.value, c.baseline, c.limit, c.message]
+             for c in failed_checks])
         if os.environ.get(PAUSE_ENV):  # test hook (see PAUSE_ENV): the kill lands here
             Path(os.environ[PAUSE_ENV]).write_text(run["run_id"])
             time.sleep(600)
@@ -213,11 +217,11 @@ def append_isolation(path: Path, summary: IsolationSummary, run_dir: Path) -> No
     one transaction; the exporter publishes the newest audit of each target and model."""
     run_id = f"isolation-{Path(run_dir).name}"
     rows = [{"run_id": run_id, "created": summary.created, "target": summary.target,
-             "model": summary.model, "verdict": summary.verdict.value, "config": c["config"],
-             "length": c["length"], "auc": c.get("auc"), "p_value": c.get("p_value"),
-             "cached_correct": c.get("cached_correct_mean"), "cached_wrong": c.get("cached_wrong_mean"),
-             "leaks": int(bool(c.get("leaks"))), "run_dir": str(Path(run_dir).resolve())}
-            for c in summary.isolation["cells"]]
+             "model": summary.model, "verdict": summary.verdict.value, "config": c.config,
+             "length": c.length, "auc": c.auc, "p_value": c.p_value,
+             "cached_correct": c.cached_correct_mean, "cached_wrong": c.cached_wrong_mean,
+             "leaks": int(bool(c.leaks)), "run_dir": str(Path(run_dir).resolve())}
+            for c in summary.isolation.cells]
     con = connect(path)
     try:
         con.execute("BEGIN IMMEDIATE")

@@ -12,22 +12,27 @@ ground truth, which carries its verdict:
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvdiag.regress.compare import Check
 
 
-def junit_xml(suite: str, target: str, checks: list[dict], *, seconds: float = 0.0,
+def junit_xml(suite: str, target: str, checks: Sequence[Check], *, seconds: float = 0.0,
               properties: dict | None = None, error: str | None = None,
               ground_truth: tuple | None = None, case: str = "run") -> bytes:
-    """`checks`: Check.as_dict() rows. `error` (a key mismatch, a failed run) becomes one
+    """`checks`: kvdiag.regress.compare.Check. `error` (a key mismatch, a failed run) becomes one
     <testcase> with an <error>. `ground_truth`: (Verdict, reason) of the run's own check,
     reported as the testcase "CASE/ground_truth" (`case`: the run's main case)."""
     import xml.etree.ElementTree as ET
 
-    groups: dict[tuple[str, str], list[dict]] = {}
+    groups: dict[tuple[str, str], list[Check]] = {}
     for c in checks:
-        groups.setdefault((c["case"], c["metric"]), []).append(c)
+        groups.setdefault((c.case, c.metric), []).append(c)
     truth = ground_truth[0].value if ground_truth else None
-    failed = sum(1 for rows in groups.values() if not all(r["passed"] for r in rows))
+    failed = sum(1 for rows in groups.values() if not all(r.passed for r in rows))
     failed += truth == "fail"
     errors = int(bool(error)) + (truth == "error")
     root = ET.Element("testsuites")
@@ -51,12 +56,12 @@ def junit_xml(suite: str, target: str, checks: list[dict], *, seconds: float = 0
             ET.SubElement(tc, tag, message=f"{truth}: {reason}"[:500], type=truth).text = reason
     for (case, metric), rows in groups.items():
         tc = ET.SubElement(ts, "testcase", classname=classname, name=f"{case}/{metric}", time="0")
-        bad = [r for r in rows if not r["passed"]]
+        bad = [r for r in rows if not r.passed]
         if bad:
-            rounds = sorted({r["round"] for r in bad if r["round"] is not None})
+            rounds = sorted({r.round for r in bad if r.round is not None})
             where = f"rounds {rounds}" if rounds else "whole run"
             ET.SubElement(tc, "failure", message=f"{metric} regressed in {case}: {where}",
-                          type="Regression").text = "\n".join(r["message"] for r in bad)
+                          type="Regression").text = "\n".join(r.message for r in bad)
     ET.indent(root)
     return ET.tostring(root, encoding="utf-8", xml_declaration=True)
 

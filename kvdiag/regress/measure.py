@@ -14,9 +14,11 @@ probe only departures classified as corruption do (numerics are excluded).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvdiag.errors import KvdiagError
+from kvdiag.record.summary_rows import CaseMeasurement, RoundMeasurement
 
 if TYPE_CHECKING:
     from pandas import DataFrame
@@ -24,6 +26,15 @@ if TYPE_CHECKING:
 PROBE_SERIES = "shared"
 ROUND_METRICS = ("fact_check_pass_rate", "bleu4", "block_reuse_rate", "attention_leakage",
                  "divergence_ratio", "foreign_slots", "unwritten_slots", "nonfinite_logits")
+
+
+@dataclass(frozen=True)
+class CaseBrai:
+    """A case's BRAI against the baseline's reuse: over the whole run (None where the
+    baseline lacks the case) and per round (round -> BRAI, rounds both sides measured)."""
+
+    brai: float | None = None
+    rounds: dict[int, float | None] = field(default_factory=dict)
 
 
 def _num(value):
@@ -50,9 +61,20 @@ def under_test(frame: DataFrame, allocator: str | None) -> DataFrame:
     return frame[frame["allocator"] == (allocator or PROBE_SERIES)]
 
 
-def measure(frame: DataFrame, allocator: str | None) -> dict:
-    """{case: {"series", "sqdr", "block_reuse_rate", "attention_leakage", "divergence_ratio",
-    "rounds": [{"round", *ROUND_METRICS}]}} for every case in `frame`."""
+def _rounds(case_table: DataFrame, case_rows: DataFrame) -> list[RoundMeasurement]:
+    """Each round of one case: per_round's metrics and the round's divergence ratio."""
+    out = []
+    for rec in case_table.itertuples(index=False):
+        part = case_rows[case_rows["round"] == rec.round]
+        values = {k: _num(getattr(rec, k)) for k in ROUND_METRICS if k != "divergence_ratio"}
+        ratio = _diverged(part) / len(part) if len(part) else None
+        out.append(RoundMeasurement(round=int(rec.round), divergence_ratio=_num(ratio), **values))
+    return out
+
+
+def measure(frame: DataFrame, allocator: str | None) -> dict[str, CaseMeasurement]:
+    """{case: CaseMeasurement} for every case in `frame`: the series, its run-level SQDR,
+    block reuse rate, leakage and divergence ratio, and each round's ROUND_METRICS."""
     from kvdiag.metrics.decay import per_round, series_name, sqdr
     from kvdiag.metrics.reuse import block_reuse_rate
 
@@ -62,49 +84,45 @@ def measure(frame: DataFrame, allocator: str | None) -> dict:
     table = per_round(rows)
     out = {}
     for case, case_rows in rows.groupby("case", sort=False):
-        case_table = table[table["case"] == case]
-        rounds = []
-        for rec in case_table.to_dict("records"):
-            part = case_rows[case_rows["round"] == rec["round"]]
-            rec["divergence_ratio"] = _diverged(part) / len(part) if len(part) else None
-            rounds.append({"round": int(rec["round"]), **{k: _num(rec[k]) for k in ROUND_METRICS}})
+        rounds = _rounds(table[table["case"] == case], case_rows)
         first = case_rows.iloc[0]
         leak = case_rows["attention_leakage"].astype(float)
-        out[str(case)] = {
-            "series": series_name(first["target"], first["allocator"]),
-            "sqdr": _num(sqdr({r["round"]: (math.nan if r["fact_check_pass_rate"] is None
-                                            else r["fact_check_pass_rate"]) for r in rounds})),
-            "block_reuse_rate": block_reuse_rate(case_rows["blocks_hit"], case_rows["blocks_needed"]),
-            "attention_leakage": _num(leak.mean()) if leak.notna().any() else None,
-            "divergence_ratio": _diverged(case_rows) / len(case_rows),
-            "requests": int(len(case_rows)),
-            "rounds": rounds,
-        }
+        out[str(case)] = CaseMeasurement(
+            series=series_name(first["target"], first["allocator"]),
+            sqdr=_num(sqdr({r.round: (math.nan if r.fact_check_pass_rate is None
+                                      else r.fact_check_pass_rate) for r in rounds})),
+            block_reuse_rate=block_reuse_rate(case_rows["blocks_hit"], case_rows["blocks_needed"]),
+            attention_leakage=_num(leak.mean()) if leak.notna().any() else None,
+            divergence_ratio=_diverged(case_rows) / len(case_rows),
+            requests=int(len(case_rows)),
+            rounds=rounds,
+        )
     return out
 
 
-def main_case(measured: dict) -> str:
+def main_case(measured: dict[str, CaseMeasurement]) -> str:
     from kvdiag.metrics.decay import MAIN_CASE
 
     return MAIN_CASE if MAIN_CASE in measured else next(iter(measured))
 
 
-def brai_against(measured: dict, baseline: dict | None) -> dict:
-    """{case: {"brai": run-level, "rounds": {round: per-round}}} against a baseline's reuse
-    (None where the baseline lacks the case or round)."""
+def brai_against(measured: dict[str, CaseMeasurement],
+                 baseline: dict[str, CaseMeasurement] | None) -> dict[str, CaseBrai]:
+    """{case: CaseBrai} against a baseline's reuse: run-level, and per round where both the
+    run and the baseline measured the round's reuse (None where the baseline lacks the case)."""
     from kvdiag.metrics.reuse import brai
 
     out = {}
     for case, m in measured.items():
         base = (baseline or {}).get(case)
         if base is None:
-            out[case] = {"brai": None, "rounds": {}}
+            out[case] = CaseBrai()
             continue
-        by_round = {r["round"]: r["block_reuse_rate"] for r in base["rounds"]}
-        out[case] = {
-            "brai": _num(brai(m["block_reuse_rate"], base["block_reuse_rate"])),
-            "rounds": {r["round"]: _num(brai(r["block_reuse_rate"], by_round[r["round"]]))
-                       for r in m["rounds"] if by_round.get(r["round"]) is not None
-                       and r["block_reuse_rate"] is not None},
-        }
+        by_round = {r.round: r.block_reuse_rate for r in base.rounds}
+        out[case] = CaseBrai(
+            brai=_num(brai(m.block_reuse_rate, base.block_reuse_rate)),
+            rounds={r.round: _num(brai(r.block_reuse_rate, by_round[r.round]))
+                    for r in m.rounds if by_round.get(r.round) is not None
+                    and r.block_reuse_rate is not None},
+        )
     return out

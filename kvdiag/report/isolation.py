@@ -15,6 +15,7 @@ from kvdiag.report.style import CSS as _CSS
 from kvdiag.report.style import template
 
 if TYPE_CHECKING:
+    from kvdiag.record.isolation_rows import IsolationCell
     from kvdiag.record.summary import IsolationSummary
 
 TITLES = {
@@ -56,10 +57,10 @@ _PAGE = (
 def fragment(summary: IsolationSummary) -> str:
     from markupsafe import Markup
 
-    cells = summary.isolation.get("cells") or []
+    cells = summary.isolation.cells
     sections = []
-    for config in dict.fromkeys(c["config"] for c in cells):
-        rows = sorted((c for c in cells if c["config"] == config), key=lambda c: c["length"])
+    for config in dict.fromkeys(c.config for c in cells):
+        rows = sorted((c for c in cells if c.config == config), key=lambda c: c.length)
         sections.append((TITLES.get(config, config), config, Markup(plot(rows, config)),
                          [_row(r) for r in rows]))
     return template(_FRAGMENT).render(reason=summary.reason, head=HEAD, sections=sections)
@@ -76,13 +77,13 @@ def page(summary: IsolationSummary) -> str:
         command=summary.command or "", fragment=Markup(fragment(summary)))
 
 
-def plot(rows: list[dict], prefix: str) -> str:
+def plot(rows: list[IsolationCell], prefix: str) -> str:
     """AUC and cached share (y in [0, 1]) against prefix length (log2 axis), drawn by
     matplotlib like every other plot of a run (kvdiag.report.plots), hover titles included."""
     from kvdiag.report.plots import RC, hover_targets, pyplot, svg
 
     plt = pyplot()
-    lengths = [r["length"] for r in rows]
+    lengths = [r.length for r in rows]
     hover: dict[str, list[str]] = {}
     with plt.rc_context(RC):
         fig, ax = plt.subplots(figsize=(4.8, 2.6))
@@ -92,7 +93,7 @@ def plot(rows: list[dict], prefix: str) -> str:
             ys = [_value(r, key) for r in rows]
             ax.plot(lengths, ys, color=colour, marker=marker, markersize=5, linewidth=1.5, label=label)
             hover_targets(ax, lengths, ys, hover, lambda x, y, k=key: f"{prefix} · {int(x)} tokens · {k}: {y:.3g}")
-        leaks = [(r["length"], _value(r, "auc")) for r in rows if r.get("leaks")]
+        leaks = [(r.length, _value(r, "auc")) for r in rows if r.leaks]
         if leaks:
             ax.plot(*zip(*leaks), linestyle="none", marker="o", markersize=13, markerfacecolor="none",
                     markeredgecolor="#c0392b", markeredgewidth=2, label="leaking cell")
@@ -107,24 +108,23 @@ def plot(rows: list[dict], prefix: str) -> str:
         return svg(fig, f"iso-{prefix}", hover)
 
 
-def _value(row: dict, key: str) -> float:
+def _value(row: IsolationCell, key: str) -> float:
     if key == "cached_share":
-        return min(1.0, max(0.0, row["cached_correct_mean"] / row["length"]))
-    return float(row[key])
+        return min(1.0, max(0.0, row.cached_correct_mean / row.length)) if row.length else 0.0
+    return float(getattr(row, key))
 
 
-def _ci(row: dict) -> str:
-    ci = row.get("auc_ci95")
-    return f"{ci[0]:.2f} to {ci[1]:.2f}" if ci else "?"
+def _ci(row: IsolationCell) -> str:
+    ci = row.auc_ci95
+    return f"{ci[0]:.2f} to {ci[1]:.2f}" if len(ci) == 2 else "?"
 
 
-def _row(r: dict) -> tuple[list, str, bool]:
+def _row(r: IsolationCell) -> tuple[list, str, bool]:
     """One table row: (its cells as text, what told the guesses apart, whether that is bad)."""
-    told = [k for k in ("content", "timing") if r.get(f"{k}_leak")]
+    told = [k for k, flag in (("content", r.content_leak), ("timing", r.timing_leak)) if flag]
     # told apart is the point of the control, and a failure anywhere else
-    bad = bool(told) != (r["config"] == "same-salt")
-    cells = [r["length"], r["trials"], f'{r["cached_correct_mean"]:.0f}',
-             f'{r["cached_wrong_mean"]:.0f}', f'{r["ttft_correct_median_s"] * 1000:.1f} ms',
-             f'{r["ttft_wrong_median_s"] * 1000:.1f} ms', f'{r["auc"]:.2f}', _ci(r),
-             f'{r["p_value"]:.2g}']
+    bad = bool(told) != (r.config == "same-salt")
+    cells = [r.length, r.trials, f"{r.cached_correct_mean:.0f}", f"{r.cached_wrong_mean:.0f}",
+             f"{r.ttft_correct_median_s * 1000:.1f} ms", f"{r.ttft_wrong_median_s * 1000:.1f} ms",
+             f"{r.auc:.2f}", _ci(r), f"{r.p_value:.2g}"]
     return cells, " + ".join(told) or "nothing", bad

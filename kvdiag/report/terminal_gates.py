@@ -43,28 +43,28 @@ def render_regress(result) -> list:
 
 
 def render_isolation(result) -> list:
-    """The attacker's correct vs wrong guesses per (configuration, length), then the verdict."""
+    """The attacker's correct vs wrong guesses per (configuration, length), as the judge flagged
+    them (the summary's cells), then the verdict."""
     from rich.table import Table
 
-    iso = result.extra["isolation"]
+    iso, cells = result.extra["isolation"], result.summary.isolation.cells
     table = Table(title="the attacker's correct (ok) vs wrong (bad) guesses", title_justify="left")
     for col in ("config", "tokens", "cached ok/bad", "TTFT ok/bad ms", "AUC", "p", "told apart"):
         table.add_column(col, justify="left" if col == "config" else "right")
-    for c in sorted(iso.cells, key=lambda c: (c["config"], c["length"])):
+    for c in sorted(cells, key=lambda c: (c.config, c.length)):
         told = {(True, True): "both", (True, False): "content", (False, True): "timing"}.get(
-            (c["content_leak"], c["timing_leak"]), "no")
-        table.add_row(c["config"], str(c["length"]), f"{c['cached_correct_mean']:.0f} / {c['cached_wrong_mean']:.0f}",
-                      f"{c['ttft_correct_median_s'] * 1e3:.0f} / {c['ttft_wrong_median_s'] * 1e3:.0f}",
-                      f"{c['auc']:.2f}", f"{c['p_value']:.2g}", told)
+            (bool(c.content_leak), bool(c.timing_leak)), "no")
+        table.add_row(c.config, str(c.length), f"{c.cached_correct_mean:.0f} / {c.cached_wrong_mean:.0f}",
+                      f"{c.ttft_correct_median_s * 1e3:.0f} / {c.ttft_wrong_median_s * 1e3:.0f}",
+                      f"{c.auc:.2f}", f"{c.p_value:.2g}", told)
     lines: list = [table]
-    exposed = sorted((c for c in iso.cells if c["config"] == "no-salt" and c["leaks"]),
-                     key=lambda c: c["length"])
+    exposed = sorted((c for c in cells if c.config == "no-salt" and c.leaks), key=lambda c: c.length)
     if exposed:
         worst = exposed[-1]
         lines.append(f"exposure without salts (not judged): prefixes told apart at "
-                     f"{', '.join(str(c['length']) for c in exposed)} tokens; at {worst['length']}: "
-                     f"AUC {worst['auc']:.2f}, cached {worst['cached_correct_mean']:.0f} vs "
-                     f"{worst['cached_wrong_mean']:.0f}")
+                     f"{', '.join(str(c.length) for c in exposed)} tokens; at {worst.length}: "
+                     f"AUC {worst.auc:.2f}, cached {worst.cached_correct_mean:.0f} vs "
+                     f"{worst.cached_wrong_mean:.0f}")
     return lines + [headline(result),
                     f"{iso.requests} requests, {iso.wall_seconds:.1f} s; run directory {result.run_dir}"]
 

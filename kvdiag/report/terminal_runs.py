@@ -107,9 +107,9 @@ def render_probe(result) -> list:
     if result.verdict is Verdict.FAIL and not s.corrupted_requests:
         what = s.reason
     elif result.verdict is Verdict.FAIL:
-        where = (f"in rounds {s.corruption_rounds}" if s.corruption_rounds else
-                 "outside the suite's rounds (the lifecycle or pressure phase)")
-        what = f"corruption {where} ({s.corrupted_requests} requests; {s.numerics_requests} numerics)"
+        where = s.corruption_where or (f"rounds {', '.join(map(str, s.corruption_rounds))}"
+                                       if s.corruption_rounds else "outside the suite's rounds")
+        what = f"corruption in {where} ({s.corrupted_requests} requests; {s.numerics_requests} numerics)"
         first = (s.first_divergences or [None])[0]
         if first and s.text == "withheld":  # --no-text: no token quoted
             what += f"; first divergent token: round {first.round} {first.session}"

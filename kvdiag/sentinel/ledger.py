@@ -26,71 +26,13 @@ much was checked, so a sentinel that saw nothing is told apart from one that fou
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvdiag.sentinel.facts import MAX_RANGES, Counters, Finding, Scheduled
 from reference_engine.provenance import UNWRITTEN, Fingerprints
-
-MAX_RANGES = 8  # position ranges written per finding (the count covers all of them)
-
-
-def namespace_of(*parts: object) -> int:
-    """A fingerprint namespace for what keys K/V besides the tokens (a cache_salt, an
-    adapter): equal tokens under another namespace are another prefix. None parts are
-    dropped; no parts at all is namespace 0."""
-    given = [str(p) for p in parts if p is not None and p != ""]
-    if not given:
-        return 0
-    digest = hashlib.blake2b("\x1f".join(given).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") or 1
-
-
-@dataclass(frozen=True)
-class Scheduled:
-    """One request's share of one step, as the engine's workers are told it.
-    tokens: the request's token ids, at least `computed + new` of them (prompt, then output)."""
-
-    rid: str
-    table: Sequence[int]
-    computed: int
-    new: int
-    tokens: Sequence[int]
-    namespace: int = 0
-    context: tuple[str, ...] = ()  # the event it is in: "resumed after preemption", "chunk 2" ...
-
-
-@dataclass
-class Finding:
-    kind: str  # foreign | unwritten | overwrite
-    step: int
-    request: str
-    positions: list[tuple[int, int]]  # [start, end) ranges, the first MAX_RANGES
-    count: int
-    context_len: int  # the request's context at that step (count / context_len: the share)
-    writers: list[str] = field(default_factory=list)  # whose prefix the slots held (foreign)
-    context: list[str] = field(default_factory=list)  # the reader's event
-    writer_context: list[str] = field(default_factory=list)  # the writers' fate
-
-    def as_dict(self) -> dict:
-        return {"type": "finding", **self.__dict__,
-                "positions": [list(r) for r in self.positions]}
-
-
-@dataclass
-class Counters:
-    steps: int = 0
-    requests: int = 0  # distinct requests checked
-    reads: int = 0  # slot reads checked (each request's context, every step it ran)
-    writes: int = 0
-    unchecked: int = 0  # request-steps skipped: fewer token ids known than positions computed
-    foreign: int = 0  # positions reported, by kind
-    unwritten: int = 0
-    overwrite: int = 0
-    seconds: float = 0.0  # spent checking, in the engine's own process (the sentinel's cost)
 
 
 class _Request:

@@ -2,7 +2,7 @@
 server found is still there. Three kinds of line:
 
     {"type": "start", "engine", "version", "block_size", "pid", "time"}   once per server start
-    {"type": "finding", "kind", "step", "request", "positions", ...}    ledger.Finding
+    {"type": "finding", "kind", "step", "request", "positions", ...}    facts.Finding
     {"type": "counters", "steps", "requests", "reads", ...}             cumulative, every
                                                                          half second of work
 
@@ -19,7 +19,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from kvdiag.sentinel.ledger import Counters, Finding
+from kvdiag.sentinel.facts import Counters, Finding
 
 ENV = "KVDIAG_SENTINEL"  # the path an engine's kvdiag plugin writes its sentinel file to
 

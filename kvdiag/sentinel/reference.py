@@ -8,7 +8,8 @@ tests hold this one against.
 
 from __future__ import annotations
 
-from kvdiag.sentinel.ledger import Ledger, Scheduled, namespace_of
+from kvdiag.sentinel.facts import Scheduled, namespace_of
+from kvdiag.sentinel.ledger import Ledger
 from kvdiag.sentinel.log import SentinelLog
 
 

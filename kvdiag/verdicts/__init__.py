@@ -41,9 +41,11 @@ from kvdiag.verdicts.live import (
     CACHED_TOKEN_FLAGS,
     ProbeEvidence,
     classify_divergence,
+    differential_over_hits,
     judge_probe,
     logprob_departed,
     over_hit,
+    prompt_logprob_departures,
 )
 from kvdiag.verdicts.reference import judge_gate, judge_reference, judge_series
 from kvdiag.verdicts.runs import (
@@ -61,4 +63,4 @@ __all__ = ["CACHED_TOKEN_FLAGS", "ISOLATION_JUDGED", "Judgement", "ProbeEvidence
            "caught_as_expected", "classify_divergence", "classify_leaks", "expected_detection", "judge_audit",
            "judge_compare", "judge_fleet", "judge_gate", "judge_isolation", "judge_matrix", "judge_probe", "judge_unreached",
            "judge_reference", "judge_regress", "judge_sentinel", "judge_series", "judge_unmeasured",
-           "logprob_departed", "over_hit"]
+           "differential_over_hits", "logprob_departed", "over_hit", "prompt_logprob_departures"]

@@ -11,7 +11,7 @@ from kvdiag.verdicts.core import Judgement, Verdict
 from kvdiag.verdicts.sentinel import sentinel_blind, sentinel_covered, sentinel_finding
 
 if TYPE_CHECKING:
-    from kvdiag.record.evidence import BoundedHit, Oracle, Recycling
+    from kvdiag.record.evidence import BoundedHit, Oracle, PromptLogprobs, Recycling
     from kvdiag.record.summary_rows import EventRow
 
 # How each live server's flag that makes it report cached tokens reads, for the messages.
@@ -35,6 +35,25 @@ def logprob_departed(same_token: bool, difference: float, numerics_margin: float
     return not same_token or difference > numerics_margin
 
 
+def prompt_logprob_departures(block: PromptLogprobs, numerics_margin: float) -> PromptLogprobs:
+    """The block with its pairs judged (logprob_departed, position by position): how many
+    were checked and departed, where first, in which rounds. (Built by validation from plain
+    values, so the judge imports no record module at run time.)"""
+    if not block.pairs:  # a summary's block, judged when it was written
+        return block
+    bad = []
+    for pair in block.pairs:
+        at = [(i, a, b) for i, (a, b) in enumerate(zip(pair.shared, pair.isolated))
+              if a and b and logprob_departed(a[0] == b[0], abs(a[1] - b[1]), numerics_margin)]
+        if at:
+            i, a, b = at[0]
+            bad.append({"session": pair.session, "round": pair.round, "positions": len(at),
+                        "first": i, "shared": a, "isolated": b})
+    return type(block).model_validate({
+        "checked": len(block.pairs), "mismatched": len(bad), "examples": bad[:5],
+        "rounds": sorted({b["round"] for b in bad}), "departed": [b["round"] for b in bad]})
+
+
 # The second channel: a shift of the first tokens' top-k logprobs, shared against isolated, is
 # a departure when it exceeds both TOPK_MIN nats and TOPK_FACTOR times the largest shift
 # between repeated isolated runs (the floor). Healthy figures: docs/probe.md.
@@ -51,6 +70,21 @@ def over_hit(cached: int | None, bound: int | None) -> bool:
     namespace could have cached for it (kvdiag.runners.live.oracle): the cache served a block
     whose tokens differ from the request's, or the server's accounting over-reports."""
     return cached is not None and bound is not None and cached > bound
+
+
+def differential_over_hits(phase: dict, shown: int = 3) -> dict:
+    """The model-free audit's differential phase (kvdiag.runners.replay.differential: rows of
+    name, cached, bound) with its over-hits counted and, where any, its finding."""
+    rows = phase.get("rows") or []
+    over = [r for r in rows if over_hit(r["cached"], r["bound"])]
+    findings = []
+    if over:
+        listed = "; ".join(f"{r['name']}: {r['cached']} cached, bound {r['bound']}" for r in over[:shown])
+        more = f" and {len(over) - shown} more" if len(over) > shown else ""
+        findings.append(f"differential: {len(over)} of {len(rows)} requests reported more cached "
+                        "tokens than any earlier request of their namespace could have cached "
+                        f"({listed}{more}): served blocks their tokens, namespace or a reset rule out")
+    return phase | {"over_hits": len(over), "findings": findings}
 
 
 @dataclass(frozen=True)
@@ -118,16 +152,20 @@ def judge_probe(e: ProbeEvidence) -> Judgement:
                   request decisively disagreed: the ground truth is unstable
     inconclusive  no recycling observed (or not observable): the trigger was not reached
     pass          otherwise, naming what was covered
-    details: {"corrupted", "numerics", "unstable_floor", "over_hits", "logprob_mismatches"}."""
+    details: {"labels" (one per divergence, in its order: match, numerics or corruption: the
+    one labelling every count of the run follows), "corrupted", "numerics", "unstable_floor",
+    "over_hits", "logprob_mismatches"}."""
     def decisive(m) -> bool:
         return m is not None and classify_divergence(m, e.numerics_margin) == "corruption"
 
-    corrupt = [r for r, m in e.divergences if decisive(m)]
+    labels = [classify_divergence(m, e.numerics_margin) for _, m in e.divergences]
+    corrupt = [r for (r, _), label in zip(e.divergences, labels) if label == "corruption"]
     unstable = [m for m in e.floor_margins if decisive(m)]
     over = [h for h in e.hits if over_hit(h.cached, h.bound)]
     limit = topk_threshold(e.topk_floor)
     shifted = [(what, d) for what, d in e.topk if d > limit]
-    details = {"corrupted": len(corrupt), "numerics": len(e.divergences) - len(corrupt),
+    details = {"labels": labels, "corrupted": len(corrupt),
+               "numerics": labels.count("numerics"), "where": _where(corrupt),
                "unstable_floor": len(unstable), "over_hits": len(over),
                "over_hit_examples": over[:10], "logprob_mismatches": len(e.logprob_departures),
                "topk_threshold": limit, "topk_departed": len(shifted),

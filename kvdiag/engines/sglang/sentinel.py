@@ -25,7 +25,8 @@ from __future__ import annotations
 import sys
 from collections import deque
 
-from kvdiag.sentinel.ledger import Ledger, Scheduled, namespace_of
+from kvdiag.sentinel.facts import Scheduled, namespace_of
+from kvdiag.sentinel.ledger import Ledger
 from kvdiag.sentinel.log import SentinelLog
 
 

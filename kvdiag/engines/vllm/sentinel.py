@@ -25,7 +25,8 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from kvdiag.sentinel.ledger import Ledger, Scheduled, namespace_of
+from kvdiag.sentinel.facts import Scheduled, namespace_of
+from kvdiag.sentinel.ledger import Ledger
 from kvdiag.sentinel.log import SentinelLog
 
 # what the sentinel reads; a vLLM whose SchedulerOutput lacks one is refused, not half-checked

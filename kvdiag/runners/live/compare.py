@@ -15,7 +15,7 @@ from kvdiag.record.evidence import (
     GroundTruth,
     IsolatedExample,
     LifeDivergence,
-    LogprobExample,
+    LogprobPair,
     NoiseFloor,
     PromptLogprobs,
     TopK,
@@ -33,7 +33,6 @@ from kvdiag.runners.live.phases import (
 )
 from kvdiag.runners.live.store import RoundStore
 from kvdiag.runners.records import Checker, Record
-from kvdiag.verdicts import classify_divergence, logprob_departed
 from reference_engine.util import cdiv
 
 
@@ -143,31 +142,23 @@ def ground_truth(store: RoundStore) -> GroundTruth:
                                                  prompt_tokens=r["prompt_tokens"]) for r in hit[:5]])
 
 
-def prompt_logprob_mismatches(store: RoundStore, numerics_margin: float) -> PromptLogprobs:
-    """Prompt logprobs, shared against isolated: a request with any position that departed
-    (verdicts.logprob_departed) was served positions whose logprobs were never computed for
-    it (read from the cache)."""
-    checked, bad = 0, []
-    for (phase, k, r), shared in store.done.items():
-        iso = store.done.get((PLP_ISOLATED, k, r))
-        if phase != PLP or not shared.get("prompt_logprobs") or not iso or not iso.get("prompt_logprobs"):
-            continue
-        checked += 1
-        pairs = [(i, a, b) for i, (a, b) in enumerate(zip(shared["prompt_logprobs"], iso["prompt_logprobs"]))
-                 if a and b and logprob_departed(a[0] == b[0], abs(a[1] - b[1]), numerics_margin)]
-        if pairs:
-            i, a, b = pairs[0]
-            bad.append(LogprobExample(session=k, round=r + 1, positions=len(pairs), first=i,
-                                      shared=a, isolated=b))
-    return PromptLogprobs(checked=checked, mismatched=len(bad), examples=bad[:5],
-                          rounds=sorted({b.round for b in bad}), departed=[b.round for b in bad])
+def prompt_logprob_pairs(store: RoundStore) -> PromptLogprobs:
+    """Prompt logprobs, shared against isolated, per twin that has both: the judge says which
+    departed (kvdiag.verdicts.prompt_logprob_departures): a position served from the cache
+    was never computed for the request."""
+    pairs = [LogprobPair(session=k, round=r + 1, shared=shared["prompt_logprobs"],
+                         isolated=iso["prompt_logprobs"])
+             for (phase, k, r), shared in store.done.items()
+             if phase == PLP and shared.get("prompt_logprobs")
+             and (iso := store.done.get((PLP_ISOLATED, k, r))) and iso.get("prompt_logprobs")]
+    return PromptLogprobs(pairs=pairs, checked=len(pairs))
 
 
-def records(plan: CasePlan, store: RoundStore, target: str, numerics_margin: float, style: str,
-            block_size: int, pressure: list[int] = (), bad_reads: dict | None = None) -> list[Record]:
+def records(plan: CasePlan, store: RoundStore, target: str, style: str, block_size: int, pressure: list[int] = (), bad_reads: dict | None = None) -> list[Record]:
     """Per round: the isolated row and the shared row of every suite session, and a shared
     row for every pressure session (judged against the isolated twin of the session it
-    replays). `bad_reads`: a sentinel's foreign and unwritten slots per (phase, session,
+    replays), each with its margin; the judge's labels fill `classification` later
+    (kvdiag.commands.probe.judge). `bad_reads`: a sentinel's foreign and unwritten slots per (phase, session,
     round), the reference engine's columns."""
     checker = Checker(style)
     out = []
@@ -184,7 +175,6 @@ def records(plan: CasePlan, store: RoundStore, target: str, numerics_margin: flo
                 passed, reason = checker.check(session.kb, rnd, text)
                 i = divergence(row["tokens"], iso["tokens"]) if phase == SHARED else None
                 margin = margin_at(iso, row["tokens"], i) if i is not None else math.nan
-                label = classify_divergence(margin, numerics_margin)
                 cached = row["cached_tokens"]
                 needed = cdiv(row["prompt_tokens"], block_size)
                 out.append(Record(
@@ -195,7 +185,7 @@ def records(plan: CasePlan, store: RoundStore, target: str, numerics_margin: flo
                     blocks_needed=needed, blocks_hit=min(needed, (cached or 0) // block_size),
                     output_text=text, reference_text=iso["text"].strip(), expected_text=rnd.expected,
                     first_divergence=i, fact_check_pass=passed, fact_check_reason=reason,
-                    divergence_margin=margin, classification=label if phase == SHARED else ""))
+                    divergence_margin=margin))
     return out
 
 

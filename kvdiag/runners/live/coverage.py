@@ -16,7 +16,6 @@ from kvdiag.runners.live.oracle import HitRule, Sent, check
 from kvdiag.runners.live.pressure import ServerCache
 from kvdiag.runners.live.store import RoundStore
 from kvdiag.runners.records import Record
-from kvdiag.verdicts import classify_divergence
 
 
 def _ids(plan, phase: str, j: int, r: int, row: dict, pressure: list[int]) -> list[int] | None:
@@ -94,8 +93,7 @@ def key_coverage(plan, store: RoundStore, pressure: list[int], server: ServerCac
                        differential_skipped=meta.get("differential_skipped", []))
 
 
-def differential_records(store: RoundStore, target: str, numerics_margin: float,
-                         block_size: int) -> list[Record]:
+def differential_records(store: RoundStore, target: str, block_size: int) -> list[Record]:
     """The differential phase as records of a case of its own ("differential", one round per
     pair): the frame of a --differential-only run, so its page shows what was answered."""
     out = []
@@ -115,6 +113,5 @@ def differential_records(store: RoundStore, target: str, numerics_margin: float,
                 prompt_tokens=data["prompt_tokens"], cached_tokens=cached, blocks_needed=needed,
                 blocks_hit=min(needed, cached // block_size), output_text=data["text"],
                 reference_text=iso["text"], first_divergence=i if shared else None,
-                divergence_margin=margin if shared else math.nan,
-                classification=classify_divergence(margin, numerics_margin) if shared else ""))
+                divergence_margin=margin if shared else math.nan))
     return out

@@ -17,8 +17,9 @@ The configurations differ only in the cache_salt each tenant sends:
 Prompts are token ids (POST /v1/completions with a list of ints) drawn from the server's own
 tokenizer, so every secret is exactly `length` tokens and starts at position 0: a correct
 guess can hit exactly `length` tokens, a wrong one none. Everything is sequential (one
-request in flight) so each TTFT and each /metrics delta belongs to one request. The verdict
-rules are kvdiag.verdicts.judge_isolation's.
+request in flight) so each TTFT and each /metrics delta belongs to one request. The runner
+keeps statistics only (kvdiag.runners.live.isolation_cells); which cells leak, and the
+verdict, are kvdiag.verdicts.judge_isolation's.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ import time
 from dataclasses import asdict, dataclass
 
 from kvdiag.errors import EndpointError, KvdiagError
+from kvdiag.record.isolation_rows import IsolationCell, IsolationPlanBlock, IsolationServer
 from kvdiag.runners.live.endpoint import Endpoint
-from kvdiag.runners.live.isolation_cells import analyse, mark_leaks
+from kvdiag.runners.live.isolation_cells import analyse
 from kvdiag.runners.live.isolation_plan import CONFIGS, LENGTH_BLOCKS, IsolationPlan
 
 
@@ -40,10 +42,10 @@ from kvdiag.runners.live.isolation_plan import CONFIGS, LENGTH_BLOCKS, Isolation
 class IsolationResult:
     """What the audit measured; kvdiag.verdicts.judge_isolation judges it."""
 
-    cells: list[dict]  # one per (configuration, length): cached tokens, AUC, p, leak flags
+    cells: list[IsolationCell]  # one per (configuration, length): cached tokens, AUC, p; unjudged
     rows: list[dict]  # one per request
-    server: dict
-    plan: dict
+    server: IsolationServer
+    plan: IsolationPlanBlock  # the plan as run: lengths, seed and configurations resolved
     requests: int = 0
     wall_seconds: float = 0.0
     error: str | None = None  # why the audit stopped early, if it did
@@ -95,18 +97,18 @@ class _Prober:
         return self.ep.metrics().get(self.ep.counters.hits, 0.0)
 
 
-def server_facts(ep: Endpoint, block_size: int | None) -> dict:
+def server_facts(ep: Endpoint, block_size: int | None) -> IsolationServer:
     """Block size (from /metrics vllm:cache_config_info, else `block_size`, else 16) and
     max_model_len (from /v1/models when given)."""
-    facts = {"block_size": block_size, "block_size_source": "option", "max_model_len": None}
+    facts = IsolationServer(block_size=block_size, block_size_source="option")
     labels = ep.cache_config()
     if labels.get("block_size"):
-        facts["block_size"] = int(labels["block_size"])
-        facts["block_size_source"] = "vllm:cache_config_info"
-    if facts["block_size"] is None:
-        facts["block_size"], facts["block_size_source"] = 16, "assumed (no vllm:cache_config_info)"
+        facts.block_size = int(labels["block_size"])
+        facts.block_size_source = "vllm:cache_config_info"
+    if facts.block_size is None:
+        facts.block_size, facts.block_size_source = 16, "assumed (no vllm:cache_config_info)"
     if (entry := ep.model_entry()).get("max_model_len"):
-        facts["max_model_len"] = int(entry["max_model_len"])
+        facts.max_model_len = int(entry["max_model_len"])
     return facts
 
 
@@ -122,12 +124,12 @@ def run_isolation(ep: Endpoint, plan: IsolationPlan, *, block_size: int | None =
         raise EndpointError(f"{ep.base} does not serve the adapter {plan.adapter!r} (it serves: "
                             f"{', '.join(map(str, served))})")
     server = server_facts(ep, block_size)
-    bs, seed = server["block_size"], plan.seed if plan.seed is not None else secrets.randbits(48)
+    bs, seed = server.block_size, plan.seed if plan.seed is not None else secrets.randbits(48)
     rng = random.Random(seed)
-    limit = (server["max_model_len"] or 10**9) - plan.suffix_tokens - 2
+    limit = (server.max_model_len or 10**9) - plan.suffix_tokens - 2
     lengths = plan.lengths or tuple(n * bs for n in LENGTH_BLOCKS if n * bs <= limit)
     if not lengths or max(lengths) > limit:
-        raise KvdiagError(f"--lengths: the server's max_model_len ({server['max_model_len']}) "
+        raise KvdiagError(f"--lengths: the server's max_model_len ({server.max_model_len}) "
                          f"leaves room for prefixes up to {limit} tokens")
     configs = CONFIGS + (("adapter",) if plan.adapter else ())
     planned = 3 * len(lengths) * (plan.warmup + plan.trials * len(configs))
@@ -162,10 +164,10 @@ def run_isolation(ep: Endpoint, plan: IsolationPlan, *, block_size: int | None =
         if not rows:
             raise
         error = f"the endpoint failed after {prober.requests} requests: {e}"
-    server["cached_tokens_source"] = prober.cached_from
-    table = mark_leaks(analyse(rows, bs), plan)
-    plan_out = asdict(plan) | {"lengths": list(lengths), "seed": seed, "configurations": list(configs)}
-    return IsolationResult(table, rows, server, plan_out, prober.requests,
+    server.cached_tokens_source = prober.cached_from
+    plan_out = IsolationPlanBlock(**asdict(plan) | {"lengths": list(lengths), "seed": seed,
+                                                    "configurations": list(configs)})
+    return IsolationResult(analyse(rows, bs), rows, server, plan_out, prober.requests,
                            time.perf_counter() - t0, error)
 
 

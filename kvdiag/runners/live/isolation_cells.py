@@ -1,18 +1,17 @@
 """The tenant-isolation audit's requests summed into cells, one per (configuration, prefix
 length): cached tokens of correct and wrong guesses, TTFT medians, the rank test's AUC and p.
-The leak classification is kvdiag.verdicts.classify_leaks', under the plan's alpha and AUC."""
+Statistics only: whether a cell leaks is kvdiag.verdicts.classify_leaks' to say, at judge time."""
 
 from __future__ import annotations
 
 import statistics
 
 from kvdiag.metrics.auc import bootstrap_ci, rank_test
-from kvdiag.runners.live.isolation_plan import IsolationPlan
-from kvdiag.verdicts import classify_leaks
+from kvdiag.record.isolation_rows import IsolationCell
 
 
-def analyse(rows: list[dict], block_size: int) -> list[dict]:
-    """One cell per (configuration, length) of measured trials (warm-up excluded)."""
+def analyse(rows: list[dict], block_size: int) -> list[IsolationCell]:
+    """One cell per (configuration, length) of measured trials (warm-up excluded), unjudged."""
     out = []
     keys = dict.fromkeys((r["config"], r["length"]) for r in rows if r["trial"] >= 0)
     for config, length in keys:
@@ -24,20 +23,13 @@ def analyse(rows: list[dict], block_size: int) -> list[dict]:
         cached_r, cached_w = [r["cached_tokens"] for r in right], [r["cached_tokens"] for r in wrong]
         ttft_r, ttft_w = [r["ttft_s"] for r in right], [r["ttft_s"] for r in wrong]
         test = rank_test(ttft_r, ttft_w)
-        out.append({
-            "config": config, "length": length, "trials": min(len(right), len(wrong)),
-            "cached_correct_mean": statistics.fmean(cached_r), "cached_wrong_mean": statistics.fmean(cached_w),
-            "cached_correct_max": max(cached_r), "cached_wrong_max": max(cached_w),
-            "cached_correct_median": statistics.median(cached_r), "block_size": block_size,
-            "ttft_correct_median_s": statistics.median(ttft_r),
-            "ttft_wrong_median_s": statistics.median(ttft_w),
-            "auc": test.auc, "auc_ci95": list(bootstrap_ci(ttft_r, ttft_w)),
-            "p_value": test.p_value, "exact_p": test.exact,
-        })
+        out.append(IsolationCell(
+            config=config, length=length, trials=min(len(right), len(wrong)),
+            cached_correct_mean=statistics.fmean(cached_r), cached_wrong_mean=statistics.fmean(cached_w),
+            cached_correct_max=max(cached_r), cached_wrong_max=max(cached_w),
+            cached_correct_median=statistics.median(cached_r), block_size=block_size,
+            ttft_correct_median_s=statistics.median(ttft_r),
+            ttft_wrong_median_s=statistics.median(ttft_w),
+            auc=test.auc, auc_ci95=list(bootstrap_ci(ttft_r, ttft_w)),
+            p_value=test.p_value, exact_p=test.exact))
     return out
-
-
-def mark_leaks(cells: list[dict], plan: IsolationPlan) -> list[dict]:
-    """Each cell classified by kvdiag.verdicts.classify_leaks under the plan's alpha and
-    min_auc (hit, content_leak, timing_leak, leaks); the verdict is judge_isolation's."""
-    return classify_leaks(cells, plan.alpha, plan.min_auc)

@@ -12,7 +12,6 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvdiag.errors import KvdiagError
@@ -30,51 +29,11 @@ from kvdiag.runners.live.coverage import differential_records, key_coverage
 from kvdiag.runners.live.endpoint import Endpoint
 from kvdiag.runners.live.events import coverage as event_coverage
 from kvdiag.runners.live.pressure import ServerCache, observe_recycling
+from kvdiag.runners.live.probe_facts import ProbeRun
 from kvdiag.runners.live.store import RoundStore
 from kvdiag.runners.live.tokenizer import RemoteTokenizer
 from kvdiag.runners.records import Record
 from kvdiag.sentinel.log import size_of
-
-
-@dataclass
-class ProbeRun:
-    """What a probe measured. `frame`: one record per (phase, session, round); the rest are
-    the facts its judge and its summary read."""
-
-    frame: object  # pandas DataFrame
-    plan: object  # kvdiag.planning.plan.CasePlan
-    model_label: str  # the served model with a digest of its /v1/models entry
-    server: ServerCache
-    engine: dict  # {"name", "version"} as the server says
-    salted: bool
-    pressure: list[int]
-    recycling: E.Recycling
-    noise_floor: E.NoiseFloor
-    ground_truth: E.GroundTruth
-    prefix_cache: dict  # the server's own hit counters over the shared phase
-    prompt_logprobs: E.PromptLogprobs  # twins' prompt logprobs against their isolated rounds'
-    traffic: E.Traffic = field(default_factory=E.Traffic)  # what reached which class
-    # the over-hit oracle and the differential phase (coverage.key_coverage): the judge decides
-    key_coverage: E.KeyCoverage = field(default_factory=E.KeyCoverage)
-    first_divergences: list[E.FirstDivergence] = field(default_factory=list)
-    by_request: list[dict] = field(default_factory=list)
-    # the lifecycle phase: the events table (events.coverage), every request's divergence from
-    # its twin, and how the phase was sized; and the second channel (compare.topk_channel)
-    lifecycle: E.Lifecycle = field(default_factory=E.Lifecycle)
-    topk: E.TopK = field(default_factory=E.TopK)
-    sentinel: object = None  # kvdiag.record.sentinel.SentinelBlock, where a sentinel watched
-
-    @property
-    def shared(self):
-        return self.frame[self.frame["allocator"] == P.SHARED]
-
-    def count(self, label: str) -> int:
-        return int((self.shared["classification"] == label).sum())
-
-    @property
-    def corruption_rounds(self) -> list[int]:
-        bad = self.shared[self.shared["classification"] == "corruption"]
-        return sorted({int(x) for x in bad["round"]})
 
 
 def plan_sha(plan) -> str:
@@ -274,10 +233,9 @@ def _facts(base_url, who, plan, store, server, salted, pressure, before, after,
            settings, bad_reads) -> ProbeRun:
     import pandas as pd
 
-    rows = (differential_records(store, base_url, settings.numerics_margin, server.block_size)
+    rows = (differential_records(store, base_url, server.block_size)
             if settings.differential_only else
-            C.records(plan, store, base_url, settings.numerics_margin, plan.style, server.block_size, pressure,
-                      bad_reads))
+            C.records(plan, store, base_url, plan.style, server.block_size, pressure, bad_reads))
     frame = pd.DataFrame([r.as_dict() for r in rows], columns=Record.columns())
     shared = {(phase, k, r): row for (phase, k, r), row in store.done.items()
               if phase in (P.SHARED, P.PRESSURE)}
@@ -286,14 +244,11 @@ def _facts(base_url, who, plan, store, server, salted, pressure, before, after,
     if settings.differential_only:
         recycling.how = "not measured: the differential phase alone needs no recycling"
     queries, hits = (after.get(n, 0) - before.get(n, 0) for n in who["counters"].names)
-    corrupt = frame[(frame["allocator"] == P.SHARED) & (frame["classification"] == "corruption")]
     return ProbeRun(
         frame=frame, plan=plan, model_label=who["model_label"], server=server,
         engine=who["engine"], salted=salted, pressure=pressure, recycling=recycling,
         noise_floor=C.noise_floor(store, settings.numerics_margin),
         ground_truth=C.ground_truth(store),
-        prompt_logprobs=C.prompt_logprob_mismatches(store, settings.numerics_margin),
+        prompt_logprobs=C.prompt_logprob_pairs(store),
         prefix_cache={"queries": queries, "hits": hits, "hit_rate": hits / queries if queries else None},
-        first_divergences=[] if settings.differential_only else
-        C.first_divergences(plan, store, corrupt, pressure),
-        by_request=[] if settings.differential_only else C.by_request_index(plan, store, frame, pressure))
+        store=store, differential_only=settings.differential_only)

@@ -25,7 +25,6 @@ from kvdiag.runners.replay.drive import drive, trace_index
 from kvdiag.runners.replay.trace import Trace, TraceRequest, is_twin
 
 SALT = "kvdiag-differential"  # the phase's own namespace (live: a fresh salt per run)
-EXAMPLES = 3  # over-hits named in the finding
 
 
 def material_for(trace: Trace) -> list[int]:
@@ -43,17 +42,16 @@ def needed(block: int) -> int:
 
 def run_differential(engine, trace: Trace, adapter: str | None = None) -> dict:
     """The phase on `engine` (a VllmReplay whose trace has finished). Returns {"requests",
-    "unit", "rows": [{"name", "family", "cached", "bound"}], "over_hits", "foreign_slots",
-    "unwritten_slots", "findings": [one line when any request over-hit], "skipped": why the
-    phase could not run, or None}; verdicts.over_hit decides which rows over-hit."""
+    "unit", "rows": [{"name", "family", "cached", "bound"}], "foreign_slots",
+    "unwritten_slots", "skipped": why the phase could not run, or None}: the rows measured;
+    which over-hit is the judge's to say (kvdiag.verdicts.differential_over_hits)."""
     from kvdiag.runners.live.differential import pairs
     from kvdiag.runners.live.oracle import HitRule, Sent, bounds
-    from kvdiag.verdicts import over_hit
 
     block = trace.config.block_size
     material = material_for(trace)
-    out = {"requests": 0, "unit": block, "rows": [], "over_hits": 0, "foreign_slots": 0,
-           "unwritten_slots": 0, "findings": [], "skipped": None}
+    out = {"requests": 0, "unit": block, "rows": [], "foreign_slots": 0, "unwritten_slots": 0,
+           "skipped": None}
     if len(material) < needed(block):
         out["skipped"] = (f"the trace's longest prompt has {len(material)} tokens; the phase "
                           f"needs {needed(block)}")
@@ -81,13 +79,5 @@ def run_differential(engine, trace: Trace, adapter: str | None = None) -> dict:
     found = bounds(sent, HitRule(block, True), resets)
     rows = [{"name": names[s.key][0], "family": names[s.key][1], "cached": s.cached,
              "bound": found[s.key]} for s in sent]
-    over = [r for r in rows if over_hit(r["cached"], r["bound"])]
-    out.update(requests=len(rows), rows=rows, over_hits=len(over))
-    if over:
-        shown = "; ".join(f"{r['name']}: {r['cached']} cached, bound {r['bound']}" for r in over[:EXAMPLES])
-        more = f" and {len(over) - EXAMPLES} more" if len(over) > EXAMPLES else ""
-        out["findings"].append(f"differential: {len(over)} of {len(rows)} requests reported more "
-                               f"cached tokens than any earlier request of their namespace could "
-                               f"have cached ({shown}{more}): served blocks their tokens, namespace "
-                               "or a reset rule out")
+    out.update(requests=len(rows), rows=rows)
     return out

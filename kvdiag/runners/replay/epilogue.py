@@ -38,8 +38,9 @@ PHASES = (("after reset", None, None), ("salt a", "kvdiag-tenant-a", None),
 def run_epilogue(engine, trace: Trace) -> dict:
     """The phases on `engine` (a VllmReplay whose trace has finished). Returns {"reset": did
     vLLM say it reset, "phases": [{"phase", "requests", "hit_tokens", "foreign_slots",
-    "unwritten_slots", "cross_tenant_hits"}], "differential": run_differential's figures,
-    "findings": [one line per wrong hit]}."""
+    "unwritten_slots", "cross_tenant_hits"}], "differential": run_differential's rows,
+    "findings": [one line per wrong hit of the phases; the differential's are added by
+    kvdiag.commands.audit.judge]}."""
     firsts = [rounds[0] for session, rounds in trace.by_session().items() if not is_twin(session)]
     reset = engine.reset_prefix_cache()
     cap = BLOCKS * trace.config.block_size + 1
@@ -70,6 +71,5 @@ def run_epilogue(engine, trace: Trace) -> dict:
                             "cache_salt wrote")
     if not reset:
         findings.append("after reset: vLLM refused to reset its prefix cache with nothing running")
-    differential = run_differential(engine, trace, adapter=ADAPTER)
-    findings += differential["findings"]
+    differential = run_differential(engine, trace, adapter=ADAPTER)  # judged in commands/audit.py
     return {"reset": reset, "phases": out, "differential": differential, "findings": findings}

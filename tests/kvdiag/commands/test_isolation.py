@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 from kvdiag.cli import app
 from kvdiag.errors import KvdiagError
 from kvdiag.metrics.auc import bootstrap_ci, rank_test, roc_auc
+from kvdiag.record.isolation_rows import IsolationCell, IsolationPlanBlock
 from kvdiag.report.isolation import page
-from kvdiag.runners.live.isolation_cells import mark_leaks
 from kvdiag.runners.live.isolation_plan import IsolationPlan, parse_lengths
 from kvdiag.verdicts import Verdict, judge_isolation
 from tests.kvdiag import summaries
@@ -76,12 +76,11 @@ def test_bootstrap_interval_holds_the_auc_and_narrows_with_separation():
 
 # --- the verdict rules ----------------------------------------------------------------------
 def _cell(config, length, correct, wrong, auc=0.5, p=1.0):
-    return {"config": config, "length": length, "trials": 8, "cached_correct_mean": correct,
-            "cached_wrong_mean": wrong, "cached_correct_max": correct, "cached_wrong_max": wrong,
-            "cached_correct_median": correct, "block_size": 16,
-            "ttft_correct_median_s": 0.1, "ttft_wrong_median_s": 0.1, "auc": auc,
-            "auc_ci95": [auc - 0.2, min(1.0, auc + 0.2)], "p_value": p,
-            "exact_p": True}
+    return IsolationCell(config=config, length=length, trials=8, cached_correct_mean=correct,
+                         cached_wrong_mean=wrong, cached_correct_max=correct, cached_wrong_max=wrong,
+                         cached_correct_median=correct, block_size=16, ttft_correct_median_s=0.1,
+                         ttft_wrong_median_s=0.1, auc=auc, auc_ci95=[auc - 0.2, min(1.0, auc + 0.2)],
+                         p_value=p, exact_p=True)
 
 
 def _cells(per_tenant_cached=0, control_cached=64, per_tenant_auc=0.5, per_tenant_p=1.0):
@@ -90,14 +89,14 @@ def _cells(per_tenant_cached=0, control_cached=64, per_tenant_auc=0.5, per_tenan
 
 
 def _judge(cells, error=None):
-    return judge_isolation(mark_leaks(cells, IsolationPlan(lengths=(64,))), (64,), error)
+    return judge_isolation(cells, IsolationPlanBlock(lengths=[64]), error)
 
 
 def test_verdicts_follow_the_per_tenant_configuration_and_the_control():
     assert _judge(_cells()).verdict is Verdict.PASS
     judged = _judge(_cells(per_tenant_cached=64))
     assert judged.verdict is Verdict.FAIL and "64-token" in judged.reason
-    assert judged.details["leaks"][0]["config"] == "per-tenant"
+    assert judged.details["leaks"][0].config == "per-tenant"
     assert _judge(_cells(per_tenant_auc=0.95, per_tenant_p=1e-4)).verdict is Verdict.FAIL
     # a significant but small timing difference is not a leak (min_auc), nor a large but noisy one
     assert _judge(_cells(per_tenant_auc=0.6, per_tenant_p=1e-4)).verdict is Verdict.PASS
@@ -108,9 +107,10 @@ def test_verdicts_follow_the_per_tenant_configuration_and_the_control():
 
 
 def test_page_draws_one_plot_per_configuration_and_no_scripts():
-    cells = mark_leaks(_cells(), IsolationPlan(lengths=(64,)))
+    cells = _judge(_cells()).details["cells"]
     html = page(summaries.isolation(reason="r", isolation={"cells": cells}))
     assert html.count("<svg") == 3 and "<script" not in html.lower()
+    assert html.count('class="fail"') == 1  # the unsalted exposure, told apart by timing
 
 
 def test_bad_plans_are_refused():

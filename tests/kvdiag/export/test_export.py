@@ -78,8 +78,8 @@ def _check_families(families: dict) -> None:
 
 def test_latest_runs(history):
     runs = latest_runs(history)
-    assert sorted(r["run_id"] for r in runs) == ["b1", "g2"]
-    assert all(len(r["rounds"]) == 10 for r in runs)
+    assert sorted(r.run_id for r in runs) == ["b1", "g2"]
+    assert all(len(r.rounds) == 10 for r in runs)
 
 
 def test_textfile_is_written_atomically_and_parses(history, tmp_path):

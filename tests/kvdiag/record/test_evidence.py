@@ -62,3 +62,22 @@ def _held(old, new) -> bool:
     if isinstance(old, list):
         return isinstance(new, list) and len(old) == len(new) and all(map(_held, old, new))
     return old == new
+
+
+def test_a_fail_outside_the_numbered_rounds_says_where_the_judge_found_it():
+    """The console names where the judge found the corruption (the summary's corruption_where),
+    never an empty list of rounds: here the fixture's FAIL as if only its lifecycle phase departed."""
+    import pandas as pd
+
+    from kvdiag.record.results import RunResult
+    from kvdiag.report.terminal_runs import render_probe
+    from kvdiag.runners.records import Record
+
+    s = parse_summary(json.loads(OLD.read_text()))
+    frame = pd.DataFrame([], columns=Record.columns())
+    line = "\n".join(x for x in render_probe(RunResult("probe", frame, s)) if isinstance(x, str))
+    assert "corruption in rounds 4, 5 (4 requests" in line  # written before the field: its rounds
+    s = s.model_copy(update={"corruption_rounds": [], "corruption_where": "lifecycle flood, preempt"})
+    line = "\n".join(x for x in render_probe(RunResult("probe", frame, s)) if isinstance(x, str))
+    assert "corruption in lifecycle flood, preempt (4 requests" in line and "[]" not in line
+    assert json.loads(s.to_json())["corruption_where"] == "lifecycle flood, preempt"

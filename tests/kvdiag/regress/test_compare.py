@@ -4,16 +4,17 @@ error (tests/kvdiag/verdicts/test_verdicts.py)."""
 
 from __future__ import annotations
 
+from kvdiag.record.summary_rows import CaseMeasurement, RoundMeasurement
 from kvdiag.regress.compare import unmatched
 
 
-def _measurement(rounds: int, **missing) -> dict:
+def _measurement(rounds: int, **missing) -> dict[str, CaseMeasurement]:
     out = []
     for n in range(1, rounds + 1):
         row = {"round": n, "bleu4": 100.0, "fact_check_pass_rate": 1.0, "attention_leakage": None}
         row.update({k: None for k, rnd in missing.items() if rnd == n})
-        out.append(row)
-    return {"trigger": {"sqdr": 0.0, "rounds": out}}
+        out.append(RoundMeasurement(**row))
+    return {"trigger": CaseMeasurement(series="guarded", sqdr=0.0, rounds=out)}
 
 
 def test_what_the_baseline_measured_and_the_run_lacks():

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typer.testing import CliRunner
 
 from kvdiag.cli import app
-from kvdiag.sentinel.ledger import Ledger, Scheduled
+from kvdiag.sentinel.facts import Scheduled
+from kvdiag.sentinel.ledger import Ledger
 from kvdiag.sentinel.log import SentinelLog
 
 

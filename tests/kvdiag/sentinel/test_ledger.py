@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 
-from kvdiag.sentinel.ledger import Ledger, Scheduled, namespace_of
+from kvdiag.sentinel.facts import Scheduled, namespace_of
+from kvdiag.sentinel.ledger import Ledger
 from kvdiag.sentinel.log import SentinelLog, read_report
 
 BS = 4

@@ -317,3 +317,64 @@ def test_a_sentinel_that_checked_nothing_is_no_evidence_and_a_pass_names_what_it
     assert "40 steps, 12 requests, 9000 KV slot reads checked" in passed.reason
     assert "trusts the workers" in passed.reason
     assert "sentinel" not in judge_probe(evidence()).reason  # none watched: none claimed
+
+
+def test_the_judge_labels_every_divergence_and_names_where_the_corruption_was():
+    """One label per divergence, in its order; the counts and `where` follow those labels, so a
+    fault seen only outside the numbered rounds says where it was."""
+    divergences = [("3", 0.2), ("3", 5.0), ("lifecycle flood", 9.0), ("differential", 4.0), ("7", 1.5)]
+    judged = judge_probe(evidence(divergences=divergences, answered=20))
+    labels = judged.details["labels"]
+    assert labels == [classify_divergence(m, 1.0) for _, m in divergences]
+    assert judged.details["corrupted"] == labels.count("corruption") == 4
+    assert judged.details["numerics"] == labels.count("numerics") == 1
+    assert judged.details["where"].startswith("rounds 3, 7") and "lifecycle flood" in judged.details["where"]
+    only_life = judge_probe(evidence(divergences=[("lifecycle preempt", 6.0)], answered=20))
+    assert only_life.verdict is Verdict.FAIL and only_life.details["where"] == "lifecycle preempt"
+    assert "rounds []" not in only_life.reason
+
+
+def test_prompt_logprob_departures_are_decided_at_judge_time():
+    from kvdiag.record.evidence import LogprobPair, PromptLogprobs
+    from kvdiag.verdicts import prompt_logprob_departures
+
+    same = LogprobPair(session=0, round=1, shared=[None, [5, -1.0], [6, -2.0]],
+                       isolated=[None, [5, -1.1], [6, -2.05]])
+    apart = LogprobPair(session=1, round=4, shared=[None, [5, -1.0], [9, -0.2]],
+                        isolated=[None, [5, -1.0], [6, -0.3]])
+    far = LogprobPair(session=2, round=2, shared=[None, [5, -1.0]], isolated=[None, [5, -4.5]])
+    judged = prompt_logprob_departures(PromptLogprobs(pairs=[same, apart, far]), numerics_margin=1.0)
+    assert judged.checked == 3 and judged.mismatched == 2
+    assert judged.departed == [4, 2] and judged.rounds == [2, 4]
+    assert judged.examples[0].first == 2 and judged.examples[1].first == 1
+    # the margin is the rule's input: a wider one forgives the 3.5-nat difference too
+    assert prompt_logprob_departures(PromptLogprobs(pairs=[far]), numerics_margin=4.0).mismatched == 0
+    # a block read back from a summary (no pairs) keeps the counts it was written with
+    stored = PromptLogprobs(checked=9, mismatched=1, departed=[3])
+    assert prompt_logprob_departures(stored, 1.0) == stored
+
+
+def test_the_audit_differential_phase_over_hits_are_the_judges():
+    from kvdiag.verdicts import differential_over_hits
+
+    rows = [{"name": "slot 0", "cached": 16, "bound": 16}, {"name": "slot 1", "cached": 32, "bound": 16},
+            {"name": "other salt", "cached": None, "bound": 0}]
+    judged = differential_over_hits({"rows": rows, "elapsed": 1.0})
+    assert judged["over_hits"] == 1 and judged["elapsed"] == 1.0
+    assert "1 of 3 requests" in judged["findings"][0] and "slot 1: 32 cached, bound 16" in judged["findings"][0]
+    clean = differential_over_hits({"rows": rows[:1]})
+    assert clean["over_hits"] == 0 and clean["findings"] == []
+
+
+def test_runners_measure_and_never_import_the_verdicts():
+    """Statistics first, decision once: no module under kvdiag/runners/ imports kvdiag.verdicts,
+    so no label (divergence class, over-hit, logprob departure, leak) is applied at measurement."""
+    offenders = []
+    for path in sorted((ROOT / "kvdiag" / "runners").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        imported = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        imported += [f"kvdiag.{a.name}" for n in ast.walk(tree)
+                     if isinstance(n, ast.ImportFrom) and n.module == "kvdiag" for a in n.names]
+        offenders += [f"{path.relative_to(ROOT)}: {m}" for m in imported if m.startswith("kvdiag.verdicts")]
+    assert not offenders, "runners that judge:\n" + "\n".join(offenders)
