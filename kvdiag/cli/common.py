@@ -5,11 +5,12 @@ kvdiag.report.console, beside the renderers."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import inspect
 from pathlib import Path
-from typing import Annotated, Literal, get_type_hints
+from typing import Annotated, Literal, get_args, get_type_hints
 
 import typer
 
@@ -127,6 +128,36 @@ def option_groups(command):
     wrapper.__signature__ = inspect.Signature(params)
     wrapper.__annotations__ = {p.name: p.annotation for p in params}
     return wrapper
+
+
+def _in_panel(option, panel: str):
+    """A copy of a typer option shown under `panel` (an option alias like BaseUrlOpt is shared
+    between commands: it is copied, not changed)."""
+    option = copy.copy(option)
+    option.rich_help_panel = panel
+    return option
+
+
+def help_panels(**panels: tuple[str, ...]):
+    """Decorator: `--help` shows each option under its panel (panel name -> parameter names;
+    underscores in a panel's name are spaces). Every parameter is in one panel, so an option
+    added later cannot fall outside them unseen."""
+    def wrap(command):
+        hints = get_type_hints(command, include_extras=True)
+        where = {name: panel.replace("_", " ") for panel, names in panels.items() for name in names}
+        params = list(inspect.signature(command).parameters.values())
+        if missing := [p.name for p in params if p.name not in where]:
+            raise TypeError(f"{command.__name__}: options in no help panel: {missing}")
+        out = []
+        for param in params:
+            base, *meta = get_args(hints[param.name])
+            meta = [_in_panel(m, where[param.name]) if isinstance(m, typer.models.OptionInfo)
+                    else m for m in meta]
+            out.append(param.replace(annotation=Annotated[(base, *meta)]))
+        command.__signature__ = inspect.Signature(out)
+        command.__annotations__ = {p.name: p.annotation for p in out}
+        return command
+    return wrap
 
 
 def handle_errors(fn):

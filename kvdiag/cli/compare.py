@@ -63,14 +63,15 @@ def compare(
     """
     from kvdiag.commands.compare import compare as run
     from kvdiag.commands.probe import parse_events
+    from kvdiag.commands.probe_args import ProbeArgs
     from kvdiag.runners.live.phases import ProbeSettings
 
     out = Output(as_json)
     settings = ProbeSettings(concurrency=concurrency, differential=differential, lifecycle=lifecycle,
                              require=parse_events(require))
-    result = run(targets, suite, case, model=model, api_key=api_key, settings=settings,
-                 sessions=sessions, sessions_format=sessions_format, no_text=no_text,
-                 out_dir=out_dir, info=out.info, warn=out.warn, progress=out.progress)
+    args = ProbeArgs(suite=suite, case=case, model=model, api_key=api_key, settings=settings,
+                     sessions=sessions, sessions_format=sessions_format, no_text=no_text)
+    result = run(targets, args, out_dir=out_dir, info=out.info, warn=out.warn, progress=out.progress)
     if not as_json:
         for t in result.summary.targets:
             out.out.print(f"{t.verdict.value.upper():12} {t.target}: {t.reason}", markup=False)

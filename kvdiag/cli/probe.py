@@ -24,10 +24,20 @@ from kvdiag.cli.common import (
     SuiteOpt,
     TargetModelOpt,
     handle_errors,
+    help_panels,
 )
 
 
 @handle_errors
+@help_panels(
+    Target=("base_url", "target", "model", "api_key", "engine_args", "block_size", "num_blocks",
+            "prefill_chunk", "count_with"),
+    Traffic=("suite", "case", "style", "sessions", "sessions_format", "concurrency", "think_scale",
+             "adapter", "twins", "spread"),
+    Phases=("differential", "differential_only", "lifecycle", "require", "isolation",
+            "floor_sessions"),
+    Judging=("numerics_margin", "sentinel"),
+    Output=("no_text", "resume", "out_dir", "as_json"))
 def probe(
     base_url: BaseUrlOpt = None,
     model: TargetModelOpt = None,
@@ -134,6 +144,7 @@ def probe(
     """
     from kvdiag.commands.probe import parse_events
     from kvdiag.commands.probe import probe as run
+    from kvdiag.commands.probe_args import ProbeArgs
     from kvdiag.runners.live.phases import ProbeSettings
 
     out = Output(as_json)
@@ -143,8 +154,9 @@ def probe(
                              twins=twins, spread=spread, differential=differential or differential_only,
                              differential_only=differential_only, lifecycle=lifecycle,
                              require=parse_events(require), prefill_chunk=prefill_chunk)
-    out.finish(run(suite, case, style, base_url=base_url, target=target, model=model,
-                   api_key=api_key, settings=settings, count_with=count_with, resume=resume,
-                   out_dir=out_dir, info=out.info, warn=out.warn, progress=out.progress,
-                   sessions=sessions, sessions_format=sessions_format, no_text=no_text,
-                   sentinel=sentinel, engine_args=tuple(engine_args or ())))
+    args = ProbeArgs(suite=suite, case=case, style=style, sessions=sessions,
+                     sessions_format=sessions_format, base_url=base_url, target=target, model=model,
+                     api_key=api_key, settings=settings, count_with=count_with, sentinel=sentinel,
+                     engine_args=tuple(engine_args or ()), no_text=no_text, out_dir=out_dir,
+                     resume=resume)
+    out.finish(run(args, info=out.info, warn=out.warn, progress=out.progress))

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from kvdiag.commands.lifecycle import finish_run
 from kvdiag.errors import KvdiagError
-from kvdiag.record.results import RunResult, Signature, model_label
+from kvdiag.record.audit_section import AuditDifferential
+from kvdiag.record.results import RunExtras, RunResult, Signature, model_label
 from kvdiag.record.summary import AuditSummary
 from kvdiag.runners.replay.audit import AuditRun, audit_trace, trace_for_case
 from kvdiag.verdicts import Judgement, differential_over_hits, judge_audit, judge_reference
@@ -24,17 +25,20 @@ from kvdiag.vocab import VLLM
 
 def judge(run: AuditRun) -> Judgement:
     """judge_audit's verdict; the differential phase's over-hits, counted by the judge
-    (differential_over_hits), written into the epilogue's figures and findings first."""
+    (differential_over_hits, which reads and returns the phase as a dict), written into the
+    epilogue's figures and findings first (run.section is built once, so they stay)."""
     section = run.section
-    epilogue = section.get("epilogue")
-    if epilogue and "over_hits" not in epilogue["differential"]:
-        epilogue["differential"] = differential_over_hits(epilogue["differential"])
-        epilogue["findings"] = epilogue["findings"] + epilogue["differential"].pop("findings")
-    return judge_audit(corrupted_rounds=section["corrupted_rounds"],
-                       invariant_violations=section["invariant_violations"],
-                       cross_tenant_hits=section.get("cross_tenant_hits", 0),
-                       recycled_blocks=section["recycled_blocks"],
-                       epilogue=(section.get("epilogue") or {}).get("findings", []))
+    epilogue = section.epilogue
+    if epilogue is not None and epilogue.differential.over_hits is None:
+        judged = AuditDifferential.model_validate(
+            differential_over_hits(epilogue.differential.model_dump(mode="json")))
+        epilogue.differential = judged
+        epilogue.findings = [*epilogue.findings, *judged.findings]
+    return judge_audit(corrupted_rounds=section.corrupted_rounds,
+                       invariant_violations=section.invariant_violations,
+                       cross_tenant_hits=section.cross_tenant_hits,
+                       recycled_blocks=section.recycled_blocks,
+                       epilogue=epilogue.findings if epilogue is not None else [])
 
 
 def summary_fields(run: AuditRun, label: str, seed: int, fault: str | None,
@@ -44,9 +48,9 @@ def summary_fields(run: AuditRun, label: str, seed: int, fault: str | None,
     signature = Signature(engine=f"vllm-replay:{run.vllm_version}", allocators=tuple(allocators),
                           block_size=cfg.block_size, model=label, suite=cfg.suite, seed=seed)
     # the rows of every series, judged as reproduce judges them, for the page's tables
-    shown = judge_reference(run.metrics["rounds"], [(cfg.case, False)],
-                            {cfg.case: {VLLM: run.section["recycled_blocks"]}})
-    return run.metrics | {
+    shown = judge_reference(run.metrics.rounds, [(cfg.case, False)],
+                            {cfg.case: {VLLM: run.section.recycled_blocks}})
+    return run.metrics.fields() | {
         "signature": signature.format(), "suite": cfg.suite, "cases": [cfg.case],
         "targets": [run.vllm.target] + ([run.ours.target] if run.ours else []),
         "allocators": allocators, "model": label, "fault": fault, "vllm_audit": run.section,
@@ -94,7 +98,7 @@ def audit_run(suite: str, case: str | None = None, *, trace: Path | None = None,
     verdict = judge(measured)
     summary = AuditSummary(**summary_fields(measured, label, seed, fault, verdict))
     result = RunResult("audit", measured.frame, summary,
-                       extra={"vllm": measured.vllm, "ours": measured.ours, "stages": measured.stages})
+                       extra=RunExtras(vllm=measured.vllm, ours=measured.ours, stages=measured.stages))
     return finish_run(result, run_dir, timer)
 
 

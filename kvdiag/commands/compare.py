@@ -17,14 +17,17 @@ be measured (a dead server, an engine that does not start) is an error row; the 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
 from kvdiag.commands.lifecycle import no_progress
+from kvdiag.commands.probe_args import ProbeArgs
 from kvdiag.errors import KvdiagError
 from kvdiag.record.results import RunResult
+from kvdiag.record.summary_rows import CompareTarget, RoundRow
 
 SHARED = "shared"  # kvdiag.runners.live.phases.SHARED: the series the page draws
 
@@ -66,13 +69,11 @@ def run_name(index: int, spec: str) -> str:
     return f"{index}-{slug}"[:80]
 
 
-def compare(targets: list[str], suite: str = "reproduce", case: list[str] | str | None = None, *,
-            model: str | None = None, api_key: str | None = None, settings=None,
-            sessions: Path | None = None, sessions_format: str | None = "auto",
-            no_text: bool = False, out_dir: Path | None = None,
+def compare(targets: list[str], args: ProbeArgs, *, out_dir: Path | None = None,
             info: Callable[[str], None] = lambda _: None, warn: Callable[[str], None] = lambda _: None,
             progress=no_progress) -> RunResult:
-    """kvdiag compare, start to finish (see the module docstring)."""
+    """kvdiag compare, start to finish (see the module docstring): `args` is the probe every
+    target gets (its target and run directory set per target)."""
     from kvdiag.commands.lifecycle import stamp
     from kvdiag.commands.probe import probe
     from kvdiag.planning.suites import load_cases
@@ -80,20 +81,20 @@ def compare(targets: list[str], suite: str = "reproduce", case: list[str] | str 
     from kvdiag.userdata import command as userdata
 
     timer = Timer()
-    ends = endpoints(targets, model)
-    loaded, (chosen,) = load_cases(suite, case, None, one=True)
-    loaded = userdata.with_sessions(loaded, sessions, sessions_format)  # before any server starts
+    ends = endpoints(targets, args.model)
+    loaded, (chosen,) = load_cases(args.suite, args.case, None, one=True)
+    # before any server starts
+    loaded = userdata.with_sessions(loaded, args.sessions, args.sessions_format)
     run = RunDir.begin(out_dir, f"compare-{loaded.name}")
     rows = []
     with run:
         for i, end in enumerate(ends, 1):
             info(f"target {i}/{len(ends)}: {end.spec}")
             sub = run.path / run_name(i, end.spec)
-            rows.append(_probe_one(probe, end, sub, suite=suite, case=chosen.name, model=model,
-                                   api_key=api_key, settings=settings, sessions=sessions,
-                                   sessions_format=sessions_format, no_text=no_text, info=info,
-                                   warn=warn, progress=progress))
-        summary = compare_summary(rows, loaded, model)
+            one = dataclasses.replace(args, case=chosen.name, base_url=end.base_url,
+                                      target=end.target, out_dir=sub)
+            rows.append(_probe_one(probe, end, one, info=info, warn=warn, progress=progress))
+        summary = compare_summary(rows, loaded, args.model)
         stamp(summary, timer)
         frame = _frame(summary)
         write_run(run.path, frame, summary)
@@ -105,52 +106,49 @@ def compare(targets: list[str], suite: str = "reproduce", case: list[str] | str 
     return result
 
 
-def _probe_one(probe, end: Endpoint, sub: Path, **options) -> dict:
-    """One target's probe, as the comparison records it: {target, verdict, reason, run_dir,
-    signature, sqdr, first_corruption_round, rounds}; a target that could not be measured is
-    judged unmeasured (an error), its reason the error's first line."""
+def _probe_one(probe, end: Endpoint, args: ProbeArgs, **options) -> tuple[CompareTarget, list[RoundRow]]:
+    """One target's probe, as the comparison records it: the target's row and its shared
+    rounds; a target that could not be measured is judged unmeasured (an error), its reason
+    the error's first line."""
     from kvdiag.verdicts import judge_unmeasured
     from reference_engine.errors import EngineError
 
     try:
-        res = probe(options.pop("suite"), options.pop("case"), None, base_url=end.base_url,
-                    target=end.target, out_dir=sub, **options)
+        res = probe(args, **options)
     except (KvdiagError, EngineError) as e:
         judged = judge_unmeasured((str(e).splitlines() or [type(e).__name__])[0])
-        kept = sub.name if sub.is_dir() else None
-        return {"target": end.spec, "verdict": judged.verdict, "reason": judged.reason,
-                "run_dir": kept, "signature": None, "sqdr": None, "first_corruption_round": None,
-                "rounds": []}
+        kept = args.out_dir.name if args.out_dir.is_dir() else None
+        return CompareTarget(target=end.spec, verdict=judged.verdict, reason=judged.reason,
+                             run_dir=kept), []
     s = res.summary
-    shared = [r.model_dump(mode="json") | {"target": end.spec} for r in s.rounds
-              if r.allocator == SHARED]
-    sqdr = next((v for k, v in s.sqdr.items() if v is not None), None)
-    return {"target": end.spec, "verdict": s.verdict, "reason": s.reason,
-            "run_dir": sub.name, "signature": s.signature, "sqdr": sqdr,
-            "first_corruption_round": min(s.corruption_rounds, default=None), "rounds": shared}
+    shared = [r.model_copy(update={"target": end.spec}) for r in s.rounds if r.allocator == SHARED]
+    sqdr = next((v for v in s.sqdr.values() if v is not None), None)
+    return CompareTarget(target=end.spec, verdict=s.verdict, reason=s.reason,
+                         run_dir=args.out_dir.name, signature=s.signature, sqdr=sqdr,
+                         first_corruption_round=min(s.corruption_rounds, default=None)), shared
 
 
-def compare_summary(rows: list[dict], suite, model: str | None):
+def compare_summary(rows: list[tuple[CompareTarget, list[RoundRow]]], suite, model: str | None):
     """The CompareSummary of the targets' rows, its verdict decided by judge_compare."""
     from kvdiag.metrics.bleu import bleu_signature
     from kvdiag.record.results import Signature
     from kvdiag.record.summary import CompareSummary
     from kvdiag.verdicts import judge_compare
 
-    judged = judge_compare((r["target"], r["verdict"]) for r in rows)
-    first = next((r["signature"] for r in rows if r["signature"]), None)
+    targets = [t for t, _ in rows]
+    judged = judge_compare((t.target, t.verdict) for t in targets)
+    first = next((t.signature for t in targets if t.signature), None)
     parts = dict(p.split(":", 1) for p in first.split("|")) if first else {}
-    signature = Signature(engine="compare:" + "+".join(r["target"] for r in rows),
+    signature = Signature(engine="compare:" + "+".join(t.target for t in targets),
                           allocators=(SHARED, "isolated"),
                           block_size=int(parts.get("bs", suite.block_size)),
                           model=parts.get("model", model or suite.model or "canary"),
                           suite=suite.name, seed=suite.seed)
     return CompareSummary(
         signature=signature.format(), suite=suite.name, verdict=judged.verdict, reason=judged.reason,
-        sessions_file=Path(suite.sessions).name if suite.sessions else None,
-        targets=[{k: v for k, v in r.items() if k != "rounds"} for r in rows],
-        rounds=[row for r in rows for row in r["rounds"]],
-        sqdr={r["target"]: r["sqdr"] for r in rows}, bleu_signature=bleu_signature())
+        sessions_file=Path(suite.sessions).name if suite.sessions else None, targets=targets,
+        rounds=[row for _, rounds in rows for row in rounds],
+        sqdr={t.target: t.sqdr for t in targets}, bleu_signature=bleu_signature())
 
 
 def _frame(summary):

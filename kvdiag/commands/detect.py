@@ -103,6 +103,7 @@ def live_row(engine: EngineSpec, name: str, fault: Fault | None, suite: str, cas
     """One fault on a real server kvdiag starts (its own run directory under `out`)."""
     from kvdiag.commands.isolation import audit_target
     from kvdiag.commands.probe import probe
+    from kvdiag.commands.probe_args import ProbeArgs
     from kvdiag.runners.live.isolation_plan import IsolationPlan
     from kvdiag.runners.live.phases import ProbeSettings
 
@@ -120,8 +121,8 @@ def live_row(engine: EngineSpec, name: str, fault: Fault | None, suite: str, cas
         else:
             settings = ProbeSettings(adapter=adapter,
                                      isolation="reset" if mode == "probe-reset" else "auto")
-            result = probe(suite, case, target=target, settings=settings,
-                           out_dir=out / f"{name}-live", info=info)
+            result = probe(ProbeArgs(suite=suite, case=case, target=target, settings=settings,
+                                     out_dir=out / f"{name}-live"), info=info)
     except KvdiagError as e:  # the run could not be made: an error row, never a pass
         from kvdiag.verdicts import judge_unmeasured
 

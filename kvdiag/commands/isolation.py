@@ -13,7 +13,7 @@ from pathlib import Path
 
 from kvdiag.commands.lifecycle import no_progress
 from kvdiag.record.isolation_rows import IsolationBlock, IsolationCell
-from kvdiag.record.results import RunResult, Signature
+from kvdiag.record.results import RunExtras, RunResult, Signature
 from kvdiag.record.summary import IsolationSummary
 from kvdiag.runners.live.endpoint import Endpoint
 from kvdiag.runners.live.isolation import IsolationResult, run_isolation
@@ -64,7 +64,7 @@ def audit_isolation(base_url: str, model: str, api_key: str | None, plan: Isolat
                     block_size: int | None = None, out_dir: Path | None = None,
                     history: Path | None = None, model_label: str | None = None,
                     progress=no_progress) -> RunResult:
-    """The audit of `base_url` in a finished run directory; `extra["isolation"]` holds what the
+    """The audit of `base_url` in a finished run directory; `extra.isolation` holds what the
     terminal renderer reads. `progress`: kvdiag.commands.lifecycle.no_progress's."""
     import pandas as pd
 
@@ -89,7 +89,7 @@ def audit_isolation(base_url: str, model: str, api_key: str | None, plan: Isolat
                                                       engine=f"{who['name']}-{who['version']}"))
         frame = pd.DataFrame(result.rows, columns=ROW_COLUMNS)
         done = finish_run(RunResult("isolation", frame, summary,
-                                    extra={"isolation": result, "judgement": verdict}), run, timer)
+                                    extra=RunExtras(isolation=result, judgement=verdict)), run, timer)
     if history is not None:  # after the run directory is complete, as regress does
         H.append_isolation(history, done.summary, done.run_dir)
     return done
@@ -102,11 +102,11 @@ def isolation_fields(result: IsolationResult, verdict: Judgement, *, base_url: s
     sig = Signature(engine=engine, allocators=("isolation",),
                     block_size=result.server.block_size, model=model_label, suite="isolation",
                     seed=result.plan.seed)
-    cells: list[IsolationCell] = verdict.details["cells"]
+    cells: list[IsolationCell] = verdict.details.cells
     return {
         "signature": sig.format(), "suite": "isolation", "verdict": verdict.verdict,
         "reason": verdict.reason, "target": base_url, "model": model, "rounds": [], "sqdr": {},
-        "brai": {}, "requests": result.requests, "leaks": verdict.details["leaks"],
+        "brai": {}, "requests": result.requests, "leaks": verdict.details.leaks,
         "isolation": IsolationBlock(server=result.server, plan=result.plan, cells=cells,
                                     exposure_leaks=any(c.leaks for c in cells
                                                        if c.config == "no-salt"))}

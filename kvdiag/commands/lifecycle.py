@@ -24,6 +24,7 @@ from kvdiag.record.summary import (
     SCHEMA_VERSION,
     AuditSummary,
     ProbeSummary,
+    ReproduceSummary,
     Summary,
 )
 
@@ -64,9 +65,10 @@ def _engine_version(summary: Summary) -> tuple[str, str] | None:
     """(engine, version) a run measured: the live server's, or the in-process vLLM audit's."""
     if isinstance(summary, ProbeSummary) and summary.server.engine and summary.server.engine_version:
         return summary.server.engine, summary.server.engine_version
-    audit = getattr(summary, "vllm_audit", None) or {}
-    sections = [audit] if isinstance(summary, AuditSummary) else list(audit.values())
-    version = next((s["vllm_version"] for s in sections if s.get("vllm_version")), None)
+    sections = ([summary.vllm_audit] if isinstance(summary, AuditSummary)
+                else list((summary.vllm_audit or {}).values()) if isinstance(summary, ReproduceSummary)
+                else [])
+    version = next((s.vllm_version for s in sections if s.vllm_version), None)
     return ("vllm", version) if version else None
 
 

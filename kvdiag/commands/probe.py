@@ -16,15 +16,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kvdiag.commands.lifecycle import finish_run, no_progress
+from kvdiag.commands.probe_args import ProbeArgs
 from kvdiag.errors import KvdiagError
 from kvdiag.planning.suites import Suite, load_cases
 from kvdiag.record.evidence import KeyCoverage, ServerBlock
 from kvdiag.record.results import RunResult, Signature
 from kvdiag.record.summary import ProbeSummary
-from kvdiag.runners.live.phases import ISOLATED, SHARED, ProbeSettings
+from kvdiag.runners.live.phases import ISOLATED, SHARED
 from kvdiag.runners.live.probe_facts import ProbeRun
 from kvdiag.verdicts import (
     Judgement,
+    ProbeDetails,
     ProbeEvidence,
     Verdict,
     judge_probe,
@@ -105,15 +107,18 @@ def judge(run: ProbeRun) -> Judgement:
     judge's one labelling."""
     run.prompt_logprobs = prompt_logprob_departures(run.prompt_logprobs, run.noise_floor.numerics_margin)
     verdict = judge_probe(evidence(run))
-    run.label(verdict.details["labels"][:len(run.departed)])
+    run.label(verdict.details.labels[:len(run.departed)])
     return verdict
 
 
 def summary_fields(run: ProbeRun, suite: Suite, verdict: Judgement, *, model_label: str | None = None,
                    target_spec: str | None = None) -> dict:
     """ProbeSummary's fields (regress builds on them). `model_label`: the model's digest when
-    kvdiag started the server itself (its directory's); else the served model's."""
+    kvdiag started the server itself (its directory's); else the served model's. `verdict`:
+    judge_probe's (its details a ProbeDetails)."""
     from kvdiag.metrics.decay import summarize
+
+    details: ProbeDetails = verdict.details
 
     metrics = summarize(run.frame, baseline=None)  # a live server has no guarded series
     target = run.frame["target"].iloc[0] if len(run.frame) else ""
@@ -122,15 +127,15 @@ def summary_fields(run: ProbeRun, suite: Suite, verdict: Judgement, *, model_lab
                           allocators=(SHARED, ISOLATED),
                           block_size=run.server.block_size, model=model_label or run.model_label,
                           suite=suite.name, seed=suite.seed)
-    return metrics | {
+    return metrics.fields() | {
         "signature": signature.format(), "suite": suite.name, "cases": [run.plan.case.name],
         "style": run.plan.style, "targets": [target], "model": run.model_label.split("@")[0],
         "verdict": verdict.verdict, "reason": verdict.reason,
         "corruption_rounds": run.corruption_rounds,
-        "corruption_where": verdict.details.get("where") or None,
+        "corruption_where": details.where or None,
         # every request that departed decisively, any phase (differential, shared, lifecycle)
-        "corrupted_requests": verdict.details["corrupted"],
-        "numerics_requests": verdict.details["numerics"], "noise_floor": run.noise_floor,
+        "corrupted_requests": details.corrupted,
+        "numerics_requests": details.numerics, "noise_floor": run.noise_floor,
         "isolation": run.traffic.isolation,
         "server_prefix_cache": run.prefix_cache,
         "server": ServerBlock(**run.server.model_dump(), suite_pool=run.plan.schedule.num_blocks,
@@ -142,34 +147,24 @@ def summary_fields(run: ProbeRun, suite: Suite, verdict: Judgement, *, model_lab
         "key_coverage": _key_coverage(run, verdict), "target_spec": target_spec,
         "sessions_file": getattr(run.plan, "user", None),  # --sessions (kvdiag.userdata)
         "events": run.lifecycle.events,
-        "lifecycle": run.lifecycle.model_copy(update={"missing": verdict.details.get("events_missing", [])}),
+        "lifecycle": run.lifecycle.model_copy(update={"missing": details.events_missing}),
         "sentinel": run.sentinel,
-        "topk": run.topk.model_copy(update={"threshold": verdict.details.get("topk_threshold"),
-                                            "departed": verdict.details.get("topk_departed", 0)})}
+        "topk": run.topk.model_copy(update={"threshold": details.topk_threshold,
+                                            "departed": details.topk_departed})}
 
 
 def _key_coverage(run: ProbeRun, verdict: Judgement) -> KeyCoverage:
     """summary.json's key_coverage: the oracle's counts and the over-hits the judge found (every
     request's bound stays out of the file), and the differential phase's pairs."""
-    kc = run.key_coverage
-    oracle = kc.oracle.model_copy(update={"over_hits": verdict.details.get("over_hits", 0),
-                                          "examples": verdict.details.get("over_hit_examples", [])})
+    kc, details = run.key_coverage, verdict.details
+    oracle = kc.oracle.model_copy(update={"over_hits": details.over_hits,
+                                          "examples": details.over_hit_examples})
     return kc.model_copy(update={"oracle": oracle})
 
 
-def probe(suite: str, case: str | None = None, style: str | None = None, *,
-          base_url: str | None = None, target: str | None = None, model: str | None = None,
-          api_key: str | None = None, settings=None, count_with: str = "tokenize",
-          resume: Path | None = None, out_dir: Path | None = None,
-          info: Callable[[str], None] = lambda _: None, warn: Callable[[str], None] = lambda _: None,
-          progress=no_progress, sessions: Path | None = None, sessions_format: str | None = None,
-          no_text: bool = False, sentinel: str | None = None,
-          engine_args: tuple[str, ...] = ()) -> RunResult:
-    """kvdiag probe, start to finish. `sessions`: a sessions file replayed instead of the
-    suite's generated sessions; `no_text`: no prompt or answer text in the run's files
-    (kvdiag.userdata); `sentinel`: a sentinel's file, 'off', or None (on in the run
-    directory for a local engine that has one); `engine_args`: flags for the server a local
-    target starts (each "FLAG VALUE" string split on spaces)."""
+def probe(args: ProbeArgs, *, info: Callable[[str], None] = lambda _: None,
+          warn: Callable[[str], None] = lambda _: None, progress=no_progress) -> RunResult:
+    """kvdiag probe, start to finish, as `args` asks (kvdiag.commands.probe_args)."""
     from kvdiag.engines.local import running
     from kvdiag.record.rundir import RunDir, Timer
     from kvdiag.runners.live.probe_run import run_probe
@@ -177,34 +172,35 @@ def probe(suite: str, case: str | None = None, style: str | None = None, *,
     from kvdiag.userdata import command as userdata
 
     timer = Timer()
-    settings = settings or ProbeSettings()
-    loaded, (chosen,) = load_cases(suite, case, style, one=True)
-    loaded = userdata.with_sessions(loaded, sessions, sessions_format)  # before any server starts
-    spec = endpoint_target(base_url, target, model)
-    if engine_args and not spec.is_local:
+    settings = args.settings
+    loaded, (chosen,) = load_cases(args.suite, args.case, args.style, one=True)
+    # before any server starts
+    loaded = userdata.with_sessions(loaded, args.sessions, args.sessions_format)
+    spec = endpoint_target(args.base_url, args.target, args.model)
+    if args.engine_args and not spec.is_local:
         raise KvdiagError("--engine-arg is for a server kvdiag starts (a *-local target)")
-    args = tuple(part for arg in engine_args for part in arg.split())
-    watch = sentinel_path(spec, sentinel)  # bad input: exit 2 before any server starts
-    run = RunDir.resume(resume) if resume is not None else RunDir.begin(out_dir, f"probe-{loaded.name}")
-    adapter = getattr(settings, "adapter", None)
+    watch = sentinel_path(spec, args.sentinel)  # bad input: exit 2 before any server starts
+    run = (RunDir.resume(args.resume) if args.resume is not None
+           else RunDir.begin(args.out_dir, f"probe-{loaded.name}"))
     if watch is True:
         watch = run.path / SENTINEL_FILE
     if watch is not None:
         settings = dataclasses.replace(settings, sentinel=str(watch))
-    with (run, running(spec, loaded, chosen, model, run.path, info, adapter, watch, args) as served,
+    with (run, running(spec, loaded, chosen, args.model, run.path, info, settings.adapter, watch,
+                       args.engine_argv) as served,
           progress(f"planning with {served.url}'s tokenizer") as update):
         if served.prefill_chunk and settings.prefill_chunk is None:
             settings = dataclasses.replace(settings, prefill_chunk=served.prefill_chunk)
-        measured = run_probe(served.url, served.model, loaded, chosen, run.path, api_key=api_key,
-                             settings=settings, resume=resume is not None, warn=warn,
-                             count_with=count_with,
+        measured = run_probe(served.url, served.model, loaded, chosen, run.path, api_key=args.api_key,
+                             settings=settings, resume=args.resume is not None, warn=warn,
+                             count_with=args.count_with,
                              progress=lambda phase, done, total: update(description=phase,
                                                                         completed=done, total=total))
     userdata.score(measured)  # the free-text fact check, before the summary reads it
     verdict = judge(measured)
     fields = summary_fields(measured, loaded, verdict, model_label=served.model_label,
                             target_spec=spec.spec if spec.is_local else None)
-    if args:
-        fields["server"] = fields["server"].model_copy(update={"engine_args": list(args)})
-    frame, fields = userdata.finish(measured.frame, fields, run.path, no_text)
+    if args.engine_argv:
+        fields["server"] = fields["server"].model_copy(update={"engine_args": list(args.engine_argv)})
+    frame, fields = userdata.finish(measured.frame, fields, run.path, args.no_text)
     return finish_run(RunResult("probe", frame, ProbeSummary(**fields)), run, timer)

@@ -14,14 +14,16 @@ import json
 import shutil
 from pathlib import Path
 
-from kvdiag.record.results import RunResult
+from kvdiag.record.results import RunExtras, RunResult
 from kvdiag.record.summary import RegressProbeSummary, RegressReferenceSummary
 from kvdiag.record.summary_rows import (
     BaselineRef,
     CaseMeasurement,
+    CaseMetrics,
     FailedCheck,
     KeyBlock,
     RegressBlock,
+    SeriesFindings,
 )
 from kvdiag.regress import history as H
 from kvdiag.regress.compare import Check, compare, regressed_rounds, unmatched
@@ -33,12 +35,13 @@ def ground_truth(p, measured, model_label: str | None = None) -> tuple[Judgement
     """(the run's own verdict on the series under test, the measured run's summary fields)."""
     if p.target.is_reference:
         run_verdict = measured.judge()
+        found = SeriesFindings.model_validate(run_verdict.details)
         name = p.target.allocator
         per_case = []
         for case in measured.cases:
             key = f"{case.name}/{name}"
-            gate = run_verdict.details["gates"].get(key)
-            findings = list(gate["failures"]) if gate else list(run_verdict.details["faults"].get(key, []))
+            gate = found.gates.get(key)
+            findings = list(gate.failures) if gate else list(found.faults.get(key, []))
             recycled = measured.run.recycled.get(case.name, {}).get(name, 0) > 0
             per_case.append(judge_series(findings, recycled, key))
         worst = Verdict.worst(j.verdict for j in per_case)
@@ -96,7 +99,7 @@ def record(p, opts, measured, cold: bool, timer) -> RunResult:
     summary = kind(**fields)
     write_run(p.run.path, frame, summary)  # what was measured is on disk before anything else
     result = RunResult("regress", frame, summary,
-                       extra={"checks": checks, "ground_truth": truth, "run_id": run_id})
+                       extra=RunExtras(checks=checks, ground_truth=truth, run_id=run_id))
 
     def history_row(stamped) -> dict:  # of the summary as finish_run stamps it (its `created`)
         return _history_row(p, run_id, stamped, main, brais[main].brai, truth.verdict)
@@ -115,7 +118,7 @@ def record(p, opts, measured, cold: bool, timer) -> RunResult:
     rounds = [{"case": case, **r.model_dump(), "brai": brais[case].rounds.get(r.round)}
               for case, cm in series.items() for r in cm.rounds]
     if opts.junit is not None:
-        result.extra["junit"] = _junit(p, opts, summary, checks, truth, result.run_dir, timer)
+        result.extra.junit = _junit(p, opts, summary, checks, truth, result.run_dir, timer)
     H.append(opts.history, row, rounds, failed)  # last
     return result
 
@@ -131,8 +134,8 @@ def _brais(series: dict[str, CaseMeasurement], base: dict[str, CaseMeasurement] 
         return {case: CaseBrai() for case in series}
     brais = brai_against(series, base)
     if base is None:
-        by_case = fields.get("by_case") or {}
-        brais = {case: CaseBrai(brai=(by_case.get(case) or {}).get("brai", {}).get(m.series))
+        by_case = {case: CaseMetrics.model_validate(m) for case, m in (fields.get("by_case") or {}).items()}
+        brais = {case: CaseBrai(brai=by_case[case].brai.get(m.series) if case in by_case else None)
                  for case, m in series.items()}
     return brais
 

@@ -16,7 +16,7 @@ from kvdiag.commands.lifecycle import finish_run, no_progress
 from kvdiag.errors import KvdiagError
 from kvdiag.paths import CANARY
 from kvdiag.planning.suites import Case, Suite, load_cases, names
-from kvdiag.record.results import RunResult, Signature, model_label
+from kvdiag.record.results import RunExtras, RunResult, Signature, model_label
 from kvdiag.record.summary import ReproduceSummary
 from kvdiag.runners.suite import SuiteRun, run_suite, total_requests
 from kvdiag.targets import check_allocator
@@ -38,7 +38,7 @@ class Measured:
 
     @property
     def rounds(self) -> list[dict]:
-        return self.metrics["rounds"]
+        return self.metrics.rounds
 
     def judge(self) -> Judgement:
         return judge_reference(self.rounds, [(c.name, c.ablation) for c in self.cases],
@@ -49,7 +49,7 @@ class Measured:
         signature = Signature(engine="reference", allocators=tuple(self.run.allocators),
                               block_size=self.suite.block_size, model=model_label(self.model_dir),
                               suite=self.suite.name, seed=self.suite.seed)
-        return self.metrics | {
+        return self.metrics.fields() | {
             "signature": signature.format(), "suite": self.suite.name,
             "suite_path": str(self.suite.path), "cases": [c.name for c in self.cases],
             "targets": ["reference"], "allocators": self.run.allocators,
@@ -105,5 +105,5 @@ def reproduce(suite: str, cases: list[str] | None = None, allocators: list[str] 
                            **options)
     summary = ReproduceSummary(**measured.fields(measured.judge()))
     result = RunResult("reproduce", measured.frame, summary,
-                       extra={"engine_log": measured.run.engine_log})
+                       extra=RunExtras(engine_log=measured.run.engine_log))
     return finish_run(result, run_dir, timer)

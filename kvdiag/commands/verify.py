@@ -14,7 +14,7 @@ from kvdiag.commands.lifecycle import finish_run, no_progress
 from kvdiag.commands.reproduce import check_engine_run, measure
 from kvdiag.errors import KvdiagError
 from kvdiag.planning.suites import load_cases
-from kvdiag.record.results import RunResult
+from kvdiag.record.results import RunExtras, RunResult
 from kvdiag.record.summary import VerifySummary
 from kvdiag.targets import check_allocator
 from kvdiag.verdicts import judge_gate
@@ -43,5 +43,5 @@ def verify(allocator: str, expect_guard: bool, expect_bug: bool, suite: str,
                                               "gate": gate.details,
                                               "run_verdict": run_verdict.verdict}
     result = RunResult("verify", measured.frame, VerifySummary(**fields),
-                       extra={"engine_log": measured.run.engine_log})
+                       extra=RunExtras(engine_log=measured.run.engine_log))
     return finish_run(result, run_dir, timer)

@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvdiag.errors import KvdiagError
-from reference_engine.util import cdiv
+from kvdiag.planning.pool import server_pool
 
 if TYPE_CHECKING:  # engines sit below targets, which check fault names against their catalogs
-    from kvdiag.engines.spec import EngineSpec
     from kvdiag.targets import Target
 
 
@@ -72,28 +71,6 @@ def running(target: Target, suite, case, model: str | None, log_dir: Path,
         yield served
 
 
-def sizes(engine: EngineSpec, suite, case, model_dir: Path) -> dict:
-    """A local engine's pool and context for a suite's case on a model: the pool holds as
-    many tokens as the suite's own (the size at which its sessions recycle freed blocks; the
-    probe adds pressure beyond it); max_model_len covers the longest request with two blocks
-    to spare (the probe moves jumps to the server's block boundaries), within the model's
-    context. KvdiagError, before any server starts, when the case does not fit the model."""
-    from kvdiag.engines.vllm.launcher import model_context
-    from kvdiag.planning.plan import plan_case
-    from reference_engine.tokenizer import Tokenizer
-
-    block = engine.launcher().BLOCK_SIZE
-    schedule = plan_case(suite, case, Tokenizer.from_dir(model_dir)).schedule
-    pool = cdiv(schedule.num_blocks * suite.block_size, block)
-    longest = max(max(p) for p in schedule.prompt_lengths) + case.max_tokens
-    context = model_context(model_dir)
-    if context and longest > context:
-        raise KvdiagError(f"{suite.name}/{case.name}: its longest request ({longest} tokens) exceeds "
-                          f"{Path(model_dir).name}'s context ({context})")
-    spare = cdiv(longest + 2 * block, block) * block
-    return {"num_blocks": pool, "max_model_len": min(spare, context or spare)}
-
-
 @contextmanager
 def live(target: Target, suite, case, model_dir: Path, log_dir: Path,
          serve_reference: bool = False, serve_args: tuple[str, ...] = (),
@@ -117,7 +94,7 @@ def live(target: Target, suite, case, model_dir: Path, log_dir: Path,
         yield Served(target, target.url, None)
         return
     cls = target.engine.launcher()
-    kw = sizes(target.engine, suite, case, model_dir) if suite is not None and cls.SIZED else {}
+    kw = server_pool(suite, case, model_dir, cls.BLOCK_SIZE) if suite is not None and cls.SIZED else {}
     if adapters:
         kw["adapters"] = adapters
     if sentinel is not None:

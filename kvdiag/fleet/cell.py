@@ -13,6 +13,7 @@ import signal
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvdiag.errors import KvdiagError
@@ -26,11 +27,22 @@ class CellTimeout(KvdiagError):
     """The cell ran past its time limit."""
 
 
+@dataclass
+class CellResult:
+    """What a cell's task sends back to the driver (kvdiag.fleet.driver records it)."""
+
+    result: object  # what kvdiag.commands.regress.measure returned, for regress_record.record
+    cold: bool  # the server's prefix cache was reset first (always, in-process)
+    seconds: float  # the measurement's wall time on the worker
+    files: dict[str, bytes] = field(default_factory=dict)  # the probe's working files: name -> bytes
+    pid: int = 0  # the worker process that measured it
+
+
 def measure_cell(prepared, opts, cell_id: str, time_limit: float, num_cpus: float,
-                 pid_dir: str | None = None) -> dict:
-    """Run one prepared regression cell (kvdiag.commands.regress.prepare, done by the driver) and
-    return {"result": RunResult, "cold": bool, "seconds": float, "files": {name: bytes},
-    "pid": int}. Raises CellTimeout past `time_limit` seconds, and whatever the run raises."""
+                 pid_dir: str | None = None) -> CellResult:
+    """Run one prepared regression cell (kvdiag.commands.regress.prepare, done by the driver)
+    and return what it measured (CellResult). Raises CellTimeout past `time_limit` seconds,
+    and whatever the run raises."""
     from kvdiag.commands import regress as job
 
     if pid_dir:
@@ -44,8 +56,8 @@ def measure_cell(prepared, opts, cell_id: str, time_limit: float, num_cpus: floa
         cold = prepared.target.is_reference or job.reset_cache(prepared, opts)
         result = job.measure(prepared, opts, Path(scratch), lambda **_: None)
         files = {f.name: f.read_bytes() for f in Path(scratch).iterdir() if f.is_file()}
-    return {"result": result, "cold": cold, "seconds": time.perf_counter() - start,
-            "files": files, "pid": os.getpid()}
+    return CellResult(result=result, cold=cold, seconds=time.perf_counter() - start,
+                      files=files, pid=os.getpid())
 
 
 class _time_limit:

@@ -29,7 +29,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from kvdiag.errors import KvdiagError
-from kvdiag.fleet.cell import PID_DIR_ENV, measure_cell
+from kvdiag.fleet.cell import PID_DIR_ENV, CellResult, measure_cell
 from kvdiag.fleet.outcome import CELLS_FILE, Outcome, read_outcomes
 from kvdiag.fleet.plan import PLAN_FILE, FleetPlan
 from kvdiag.fleet.spec import Cell, Fleet
@@ -221,22 +221,22 @@ def _record(fleet: Fleet, cell: Cell, p, opts, ref) -> Outcome:
     from kvdiag.record.rundir import Timer
 
     try:
-        got = ray.get(ref)
+        got: CellResult = ray.get(ref)
     except Exception as e:  # the task raised, timed out, or its worker died past its retries
         shutil.rmtree(p.run.path, ignore_errors=True)
         return _error(fleet, cell, getattr(e, "cause", None) or e)
-    for name, data in got["files"].items():  # the probe's working files, for the record
+    for name, data in got.files.items():  # the probe's working files, for the record
         (p.run.path / name).write_bytes(data)
     timer = Timer()
-    timer.start -= got["seconds"]
+    timer.start -= got.seconds
     try:
-        res = record(p, opts, got["result"], got["cold"], timer)
+        res = record(p, opts, got.result, got.cold, timer)
     except Exception as e:  # a bug while recording one cell must not lose the others
         return _error(fleet, cell, e)
     t = fleet.by_name[cell.target]
     return Outcome(cell.id, t.name, t.spec, cell.suite_name, cell.case,
                    res.verdict, worst_metric(res.summary),
-                   str(res.run_dir), res.extra["run_id"], round(got["seconds"], 2),
+                   str(res.run_dir), res.extra.run_id, round(got.seconds, 2),
                    events=coverage_of(res.summary))
 
 

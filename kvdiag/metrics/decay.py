@@ -15,8 +15,10 @@ Series names (keys of `sqdr` / `brai`): the allocator for reference-engine rows 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvdiag.metrics.base import METRICS
@@ -102,9 +104,27 @@ def per_round(df: DataFrame) -> DataFrame:
     return pd.DataFrame.from_records(records, columns=columns)
 
 
+@dataclass(frozen=True)
+class DecayMetrics:
+    """summarize's answer: the per-round table (`rounds`: dicts, a `case` field each), SQDR and
+    BRAI per series of the main case, the same per case (`by_case`), and sacrebleu's signature;
+    `fields()` gives them as the summary's keys."""
+
+    rounds: list[dict]
+    sqdr: dict
+    brai: dict
+    main_case: str | None
+    by_case: dict[str, dict]
+    bleu_signature: str
+
+    def fields(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
 def summarize(df: DataFrame, expected_reuse: Mapping[str, float] | None = None,
-              baseline: str | None = BASELINE_ALLOCATOR) -> dict:
-    """The `rounds`, `sqdr`, `brai` parts of summary.json (plus `by_case`, `bleu_signature`).
+              baseline: str | None = BASELINE_ALLOCATOR) -> DecayMetrics:
+    """The `rounds`, `sqdr`, `brai` parts of summary.json (plus `by_case`, `bleu_signature`),
+    as a DecayMetrics.
 
     `expected_reuse` maps case -> the block_reuse_rate of the guarded baseline of the same
     suite and case (from a stored baseline, e.g. for probes). Without it, the `baseline`
@@ -146,14 +166,9 @@ def summarize(df: DataFrame, expected_reuse: Mapping[str, float] | None = None,
         by_case[case] = {"sqdr": _json_safe(sqdrs), "brai": _json_safe(brais)}
     cases = list(by_case)
     main = MAIN_CASE if MAIN_CASE in by_case else (cases[0] if cases else None)
-    return {
-        "rounds": rounds,
-        "sqdr": by_case[main]["sqdr"] if main else {},
-        "brai": by_case[main]["brai"] if main else {},
-        "main_case": main,
-        "by_case": by_case,
-        "bleu_signature": bleu_signature(),
-    }
+    return DecayMetrics(rounds=rounds, sqdr=by_case[main]["sqdr"] if main else {},
+                        brai=by_case[main]["brai"] if main else {}, main_case=main,
+                        by_case=by_case, bleu_signature=bleu_signature())
 
 
 def _json_safe(record: Mapping) -> dict:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvdiag.verdicts import Verdict
+from kvdiag.verdicts import Judgement, Verdict
 
 if TYPE_CHECKING:
     from kvdiag.record.summary import Summary
@@ -73,15 +73,32 @@ def model_label(model_dir: Path) -> str:
 
 
 @dataclass
+class RunExtras:
+    """What a run keeps beside its summary for the console only (never written): each kind
+    sets its own fields, the others stay at their defaults."""
+
+    engine_log: dict[str, list[str]] = field(default_factory=dict)  # reproduce, verify: "case/allocator" -> lines
+    vllm: object = None  # audit: vLLM's replay (kvdiag.runners.replay.drive.ReplayResult)
+    ours: object = None  # audit: the replay through one allocator of ours, or None
+    stages: list = field(default_factory=list)  # audit: kvdiag.runners.replay.hit_diff's stages
+    isolation: object = None  # isolation: what it measured (kvdiag.runners.live.isolation.IsolationResult)
+    judgement: Judgement | None = None  # isolation: the judge's, its details the cells judged
+    checks: list = field(default_factory=list)  # regress: every check against the baseline
+    ground_truth: Judgement | None = None  # regress: the run's own verdict on its series
+    run_id: str = ""  # regress: the run's id in the history
+    junit: Path | None = None  # regress --junit: the file written
+
+
+@dataclass
 class RunResult:
     """What a command's measure step and judge step make of a run. `summary` is the typed
     summary.json of its kind (kvdiag.record.summary); `frame` its per-request records; `kind`
-    names the renderer; `extra` holds what only the renderer needs (never written)."""
+    names the renderer; `extra` holds what only the renderer needs (RunExtras, never written)."""
 
     kind: str
     frame: object  # pandas DataFrame of records
     summary: Summary
-    extra: dict = field(default_factory=dict)
+    extra: RunExtras = field(default_factory=RunExtras)
     run_dir: Path | None = None  # set by finish_run
 
     @property

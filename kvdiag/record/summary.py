@@ -24,10 +24,12 @@ renamed; SCHEMA_VERSION counts the additions.
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kvdiag.record.audit_section import AuditSection
+from kvdiag.record.environment import Environment
 from kvdiag.record.evidence import (
     FirstDivergence,
     GroundTruth,
@@ -44,6 +46,7 @@ from kvdiag.record.evidence import (
 from kvdiag.record.isolation_rows import IsolationBlock, IsolationLeak
 from kvdiag.record.sentinel import SentinelBlock
 from kvdiag.record.summary_rows import (
+    CaseMetrics,
     CompareTarget,
     EventRow,
     MatrixRow,
@@ -63,9 +66,9 @@ STAMP = ("wall_seconds", "command", "created", "schema_version", "kind", "enviro
 class Summary(BaseModel):
     """What every kind writes. Subclasses add their fields; ORDER is the key order on disk.
 
-    `environment` stays a dict[str, Any] on purpose: it is a provenance record of the machine
-    (kvdiag.record.environment), its packages keyed by whatever is installed, that no judge,
-    page or gate reads field by field; typing it would freeze the list of packages."""
+    `environment` is typed too (kvdiag.record.environment.Environment: packages, spaCy models,
+    Python, platform, CPU, git commit), read by attribute; as provenance it keeps any key it
+    does not declare, and its packages are keyed by whatever is installed."""
 
     model_config = ConfigDict(extra="forbid", use_enum_values=False)
     ORDER: ClassVar[tuple[str, ...]] = ()
@@ -81,14 +84,15 @@ class Summary(BaseModel):
     sqdr: dict[str, Opt] = Field(default_factory=dict)
     brai: dict[str, Opt] = Field(default_factory=dict)
     main_case: str | None = None
-    by_case: dict[str, dict[str, dict[str, Opt]]] = Field(default_factory=dict)
+    by_case: dict[str, CaseMetrics] = Field(default_factory=dict, description="case -> its "
+                                            "SQDR and BRAI per series (sqdr/brai: the main case's)")
     bleu_signature: str | None = None
     # the stamp finish_run adds (kvdiag.commands.lifecycle.stamp)
     wall_seconds: Num = 0.0
     command: str | None = None
     created: str | None = None
     schema_version: int = SCHEMA_VERSION
-    environment: dict[str, Any] = Field(default_factory=dict)
+    environment: Environment = Field(default_factory=Environment)
 
     def as_dict(self) -> dict:
         """The JSON-ready dict, keys in ORDER (then any other field, then the stamp); a NaN
@@ -115,10 +119,8 @@ METRICS_ORDER = ("rounds", "sqdr", "brai", "main_case", "by_case", "bleu_signatu
 class ReproduceSummary(Summary):
     """kvdiag reproduce: the suite's cases through the contiguous reference and each allocator.
 
-    `vllm_audit` (case -> the audit section) is a dict[str, Any] on purpose, as in
-    AuditSummary: it is vLLM's own KVCacheManager's replay as kvdiag.runners.replay writes it,
-    keyed by what the installed vLLM exposes (its version, its counters, NOT_REPLAYED), and only
-    the audit's judge and console read it."""
+    `vllm_audit`: case -> vLLM's own KVCacheManager's replay of it (kvdiag.record.audit_section),
+    for the cases that name the `vllm` allocator; None where none does."""
 
     ORDER = (*METRICS_ORDER, "suite_path", "cases", "targets", "allocators", "model", "device",
              "engine_log", "seconds", "vllm_audit", "verdict", "gates", "faults")
@@ -132,7 +134,7 @@ class ReproduceSummary(Summary):
     device: str
     engine_log: dict[str, list[str]]
     seconds: dict[str, dict[str, Num]]
-    vllm_audit: dict[str, dict[str, Any]] | None = None
+    vllm_audit: dict[str, AuditSection] | None = None
     gates: dict[str, SeriesGate]
     faults: dict[str, list[str]]
     recycled: dict[str, dict[str, int]] = Field(
@@ -198,8 +200,8 @@ class ProbeSummary(Summary):
 class AuditSummary(Summary):
     """kvdiag audit-vllm: a trace replayed through vLLM's own KVCacheManager, model-free.
 
-    `vllm_audit` is a dict[str, Any] on purpose: vLLM's replay as the installed vLLM reports
-    it (see ReproduceSummary); kvdiag.verdicts.judge_audit and the audit console read it."""
+    `vllm_audit`: the replay's section (kvdiag.record.audit_section.AuditSection), which
+    kvdiag.commands.audit.judge and the audit console read by attribute."""
 
     ORDER = (*METRICS_ORDER, "cases", "targets", "allocators", "model", "fault", "vllm_audit",
              "verdict", "gates", "faults")
@@ -210,7 +212,7 @@ class AuditSummary(Summary):
     allocators: list[str]
     model: str
     fault: str | None = Field(None, description="the fault planted into vLLM in-process, if any")
-    vllm_audit: dict[str, Any]
+    vllm_audit: AuditSection
     gates: dict[str, SeriesGate] = Field(default_factory=dict)
     faults: dict[str, list[str]] = Field(default_factory=dict)
 

@@ -1,5 +1,6 @@
 """The rows summary.json's kinds are made of (kvdiag.record.summary): a round of the per-round
-table, a row of a probe's coverage table, a regression's comparison block."""
+table, a case's SQDR and BRAI, a row of a probe's coverage table, a regression's comparison
+block."""
 
 from __future__ import annotations
 
@@ -35,6 +36,16 @@ class RoundRow(BaseModel):
     preemptions: int = 0
     diverged_sessions: int = 0
     brai: Opt = None
+
+
+class CaseMetrics(BaseModel):
+    """One case's run-level metrics (summary.json's `by_case`, from
+    kvdiag.metrics.decay.summarize): series -> SQDR and series -> BRAI (None: no value; the
+    contiguous reference has neither). A key not declared here is ignored on load."""
+
+    model_config = ConfigDict(extra="ignore")
+    sqdr: dict[str, Opt] = Field(default_factory=dict)
+    brai: dict[str, Opt] = Field(default_factory=dict)
 
 
 class EventRow(BaseModel):
@@ -79,6 +90,16 @@ class SeriesGate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     passed: bool
     failures: list[str] = Field(default_factory=list)
+
+
+class SeriesFindings(BaseModel):
+    """What kvdiag.verdicts.judge_reference found per series (its details; a reproduce
+    summary's `gates` and `faults`): each clean series' gate, each faulty series' findings,
+    both keyed case/series."""
+
+    model_config = ConfigDict(extra="ignore")
+    gates: dict[str, SeriesGate] = Field(default_factory=dict)
+    faults: dict[str, list[str]] = Field(default_factory=dict)
 
 
 class VerifyGate(BaseModel):

@@ -4,6 +4,7 @@ and logs on stderr) or machines (--json); one progress display; the engine's log
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -74,6 +75,15 @@ class Output:
         return Progress(self, description, total)
 
 
+@dataclasses.dataclass
+class ProgressState:
+    """Where a progress display stands: what runs, how far it got, of how much (None: unknown)."""
+
+    description: str
+    completed: int
+    total: int | None
+
+
 class Progress:
     """One progress display for every long command: a bar with the time remaining on a
     terminal; on anything else (CI logs) a plain line every `every` seconds. Call it as
@@ -81,7 +91,7 @@ class Progress:
 
     def __init__(self, out: Output, description: str, total: int | None, every: float = 10.0) -> None:
         self.out, self.every = out, every
-        self.state = {"description": description, "completed": 0, "total": total}
+        self.state = ProgressState(description, 0, total)
         self.bar = self.task = None
         self.last = time.monotonic()
         self.start = self.last
@@ -96,23 +106,27 @@ class Progress:
                                    rp.MofNCompleteColumn(), rp.TimeElapsedColumn(),
                                    rp.TimeRemainingColumn(), console=self.out.err, transient=True)
             self.bar.__enter__()
-            self.task = self.bar.add_task(self.state["description"], total=self.state["total"])
+            self.task = self.bar.add_task(self.state.description, total=self.state.total)
         return self.update
 
     def __exit__(self, *exc) -> None:
         if self.bar is not None:
             self.bar.__exit__(*exc)
 
-    def update(self, advance: int = 0, **fields) -> None:
-        self.state.update({k: v for k, v in fields.items() if v is not None})
-        self.state["completed"] += advance
+    def update(self, advance: int = 0, *, completed: int | None = None, total: int | None = None,
+               description: str | None = None) -> None:
+        s = self.state
+        if description is not None:
+            s.description = description
+        if total is not None:
+            s.total = total
+        s.completed = (s.completed if completed is None else completed) + advance
         if self.bar is not None:
-            self.bar.update(self.task, **{k: self.state[k] for k in ("description", "completed", "total")})
+            self.bar.update(self.task, **dataclasses.asdict(s))
         elif not self.out.as_json and time.monotonic() - self.last >= self.every:
             self.last = time.monotonic()
-            s = self.state
-            of = f"/{s['total']}" if s["total"] else ""
-            self.out.err.print(f"{s['description']}: {s['completed']}{of} "
+            of = f"/{s.total}" if s.total else ""
+            self.out.err.print(f"{s.description}: {s.completed}{of} "
                                f"({self.last - self.start:.0f} s)", markup=False)
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from kvdiag.errors import KvdiagError
 from kvdiag.metrics.decay import REFERENCE_ALLOCATORS
+from kvdiag.record.environment import Environment
 from kvdiag.record.evidence import SessionsFile
 from kvdiag.record.summary import (
     AuditSummary,
@@ -22,6 +23,7 @@ from kvdiag.record.summary import (
     ReproduceSummary,
     Summary,
 )
+from kvdiag.record.summary_rows import CaseMetrics
 from kvdiag.report import compare, isolation, matrix
 from kvdiag.report.style import CSS as _CSS  # shared with the isolation page
 from kvdiag.verdicts.findings import departure_rounds
@@ -149,12 +151,13 @@ def render_report(results: DataFrame, summary: RunSummary, history: DataFrame | 
         table = _measured_bleu(table, summary)
     table["series"] = [series_name(t, a) for t, a in zip(table["target"], table["allocator"])]
     computed = summarize(df)
-    by_case = {**computed["by_case"], **summary.by_case}
+    by_case = {**{case: CaseMetrics.model_validate(m) for case, m in computed.by_case.items()},
+               **summary.by_case}
     cases = list(dict.fromkeys(df["case"]))
     main = summary.main_case or (MAIN_CASE if MAIN_CASE in cases else cases[0])
-    sqdr = summary.sqdr or by_case.get(main, {}).get("sqdr", {})
-    brai = summary.brai or by_case.get(main, {}).get("brai", {})
-    by_case[main] = {"sqdr": sqdr, "brai": brai}
+    measured = by_case.get(main) or CaseMetrics()
+    by_case[main] = CaseMetrics(sqdr=summary.sqdr or measured.sqdr, brai=summary.brai or measured.brai)
+    sqdr, brai = by_case[main].sqdr, by_case[main].brai
     main_table = table[table["case"] == main]
     main_rows = df[df["case"] == main]
     heat = heatmap_grids(main_rows)
@@ -166,7 +169,7 @@ def render_report(results: DataFrame, summary: RunSummary, history: DataFrame | 
         cases=", ".join(summary.cases or cases), main_case=main,
         signature=summary.signature, created=summary.created or "?",
         wall=_seconds(summary.wall_seconds),
-        bleu_signature=summary.bleu_signature or computed["bleu_signature"],
+        bleu_signature=summary.bleu_signature or computed.bleu_signature,
         command=rerun_command(summary.command) or "(not recorded in summary.json)",
         withheld=withheld, sessions_note=_sessions_note(probe.sessions_file if probe else None),
         decay_svg=Markup(plots.decay_curves(
@@ -249,18 +252,19 @@ def _divergence(record: dict) -> float:
     return 1.0 - int(first) / length
 
 
-def environment_rows(environment: dict) -> list[tuple[str, str]]:
+def environment_rows(environment: Environment) -> list[tuple[str, str]]:
     """summary.json's environment block (kvdiag.record.environment) as (label, text) rows; [] if none."""
-    rows = [(name, str(version)) for name, version in (environment.get("packages") or {}).items()
+    rows = [(name, str(version)) for name, version in environment.packages.items()
             if version is not None]
     rows += [(f"spaCy model {name}", str(version or "not installed"))
-             for name, version in (environment.get("spacy_models") or {}).items()]
-    for key in ("python", "platform", "cpu", "cpu_count"):
-        if environment.get(key) not in (None, ""):
-            rows.append((key.replace("_", " "), str(environment[key])))
-    git = environment.get("git")
-    if isinstance(git, dict) and git.get("commit"):
-        rows.append(("git commit", git["commit"] + (" (uncommitted changes)" if git.get("dirty") else "")))
+             for name, version in environment.spacy_models.items()]
+    for label, value in (("python", environment.python), ("platform", environment.platform),
+                         ("cpu", environment.cpu), ("cpu count", environment.cpu_count)):
+        if value not in (None, ""):
+            rows.append((label, str(value)))
+    git = environment.git
+    if git is not None and git.commit:
+        rows.append(("git commit", git.commit + (" (uncommitted changes)" if git.dirty else "")))
     return rows
 
 

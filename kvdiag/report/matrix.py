@@ -33,10 +33,10 @@ _PAGE = (
     'starts with the fault planted, probed (or audited for isolation) from outside. '
     'expected: the verdict a run that catches the fault gives; red rows were not caught.</p>'
     '<table id="T_matrix"><tr>{% for _, title in columns %}<th>{{ title }}</th>{% endfor %}</tr>'
-    '{% for row in rows %}<tr class="{{ "caught" if row["caught"] else "missed" }}">'
-    '{% for key, _ in columns %}{% set value = row.get(key) %}'
+    '{% for row, words in rows %}<tr class="{{ "caught" if row.caught else "missed" }}">'
+    '{% for key, _ in columns %}{% set value = words.get(key) %}'
     '{% if key == "verdict" %}<td class="{{ value }}"><b>{{ value|string|upper }}</b>'
-    '{% if row.get("run_dir") %} <a href="{{ row["run_dir"].split("/")[-1] }}/report.html">'
+    '{% if row.run_dir %} <a href="{{ row.run_dir.split("/")[-1] }}/report.html">'
     'report</a>{% endif %}</td>'
     '{% else %}<td>{{ "-" if value is none else value }}</td>{% endif %}{% endfor %}</tr>'
     '{% endfor %}</table></body></html>\n')
@@ -44,10 +44,11 @@ _PAGE = (
 
 
 def page(summary: MatrixSummary) -> str:
-    """The matrix's rows (MatrixRow), as their JSON words: the template prints each column."""
+    """The matrix's rows (MatrixRow), each beside its JSON words: the template prints each
+    column's word and reads whether it was caught and its run directory by attribute."""
     from markupsafe import Markup
 
     return template(_PAGE).render(
         css=Markup(CSS), verdict=summary.verdict.value, engine=summary.engine, reason=summary.reason,
         suite=summary.suite, signature=summary.signature, created=summary.created or "?",
-        columns=COLUMNS, rows=[r.model_dump(mode="json") for r in summary.matrix])
+        columns=COLUMNS, rows=[(r, r.model_dump(mode="json")) for r in summary.matrix])

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pandas import DataFrame
 
-    from kvdiag.record.summary_rows import EventRow
+    from kvdiag.record.summary_rows import CaseMetrics, EventRow
 
 FORMATS = {"SQDR": "{:.4f}", "BRAI": "{:.3f}", "leakage (mean)": "{:.4f}",
            "leakage (max)": "{:.4f}", "fact-check": "{:.3f}", "BLEU-4": "{:.1f}",
@@ -39,11 +39,11 @@ def brai_status(value: float | None) -> str:
     return "n/a" if _missing(value) else "healthy" if value <= BRAI_MAX else "alert"
 
 
-def ablation_table(df: DataFrame, by_case: Mapping[str, Mapping]) -> DataFrame:
+def ablation_table(df: DataFrame, by_case: Mapping[str, CaseMetrics]) -> DataFrame:
     """One row per case x series: slots, leakage, fact-check, BLEU-4 over all rounds, SQDR, BRAI.
 
     `df` holds the raw records with a `series` column; `by_case` is summary.json's
-    case -> {"sqdr": {...}, "brai": {...}}.
+    case -> its SQDR and BRAI per series.
     """
     import pandas as pd
 
@@ -53,8 +53,9 @@ def ablation_table(df: DataFrame, by_case: Mapping[str, Mapping]) -> DataFrame:
 
     rows = []
     for (case, series), g in df.groupby(["case", "series"], sort=False):
-        sq = by_case.get(case, {}).get("sqdr", {}).get(series)
-        br = by_case.get(case, {}).get("brai", {}).get(series)
+        metrics = by_case.get(case)
+        sq = metrics.sqdr.get(series) if metrics else None
+        br = metrics.brai.get(series) if metrics else None
         reference = series in REFERENCE_ALLOCATORS  # no cache, so no reuse to compare
         rows.append({
             "case": case, "allocator / target": series,

@@ -36,7 +36,7 @@ def render_regress(result) -> list:
                 first = c.message.split("; ")[0]
                 lines.append(f"  {c.case}: {int(c.value or 0)} ground-truth finding(s) against the "
                               f"run's own reference, first: {first}")
-    junit = result.extra.get("junit")
+    junit = result.extra.junit
     lines.append(f"run {reg.run_id}: {result.run_dir}/report.html"
                  + (f"; JUnit {junit}" if junit else ""))
     return lines
@@ -47,7 +47,7 @@ def render_isolation(result) -> list:
     them (the summary's cells), then the verdict."""
     from rich.table import Table
 
-    iso, cells = result.extra["isolation"], result.summary.isolation.cells
+    iso, cells = result.extra.isolation, result.summary.isolation.cells
     table = Table(title="the attacker's correct (ok) vs wrong (bad) guesses", title_justify="left")
     for col in ("config", "tokens", "cached ok/bad", "TTFT ok/bad ms", "AUC", "p", "told apart"):
         table.add_column(col, justify="left" if col == "config" else "right")

@@ -171,29 +171,29 @@ def _block_reuse(replay) -> dict[int, float]:
 
 def render_audit(result) -> list:
     audit = result.summary.vllm_audit
-    theirs, ours = _block_reuse(result.extra["vllm"]), _block_reuse(result.extra["ours"])
-    table = compact_table(f"{audit['target']} · case {result.summary.cases[0]} (hit rate: tokens; "
-                          f"reuse: blocks; ours: {audit.get('compare', {}).get('allocator', '-')})")
+    theirs, ours = _block_reuse(result.extra.vllm), _block_reuse(result.extra.ours)
+    cmp = audit.compare
+    table = compact_table(f"{audit.target} · case {result.summary.cases[0]} (hit rate: tokens; "
+                          f"reuse: blocks; ours: {cmp.allocator if cmp else '-'})")
     for col in ("round", "hit rate", "reuse", "ours", "foreign", "unwritten", "sessions"):
         table.add_column(col, justify="right")
-    for row in audit["rounds"]:
-        n = row["round"]
-        table.add_row(str(n), f"{row['vllm_hit_rate']:.3f}", f"{theirs.get(n, 0):.3f}",
-                      fmt(ours.get(n), ".3f"), str(row["foreign_slots"]), str(row["unwritten_slots"]),
-                      ",".join(row["sessions_with_foreign_reads"]) or "-",
-                      style="red" if row["foreign_slots"] or row["unwritten_slots"] else None)
-    lines = [table, f"vLLM prefix cache (its own PrefixCacheStats): {audit['prefix_cache_hits']} of "
-             f"{audit['prefix_cache_queries']} tokens hit ({audit['prefix_cache_hit_rate']:.3f}), "
-             f"{audit['preemptions']} preemptions, {audit['steps']} steps"]
-    cmp = audit.get("compare")
+    for row in audit.rounds:
+        n = row.round
+        table.add_row(str(n), f"{row.vllm_hit_rate:.3f}", f"{theirs.get(n, 0):.3f}",
+                      fmt(ours.get(n), ".3f"), str(row.foreign_slots), str(row.unwritten_slots),
+                      ",".join(row.sessions_with_foreign_reads) or "-",
+                      style="red" if row.foreign_slots or row.unwritten_slots else None)
+    lines = [table, f"vLLM prefix cache (its own PrefixCacheStats): {audit.prefix_cache_hits} of "
+             f"{audit.prefix_cache_queries} tokens hit ({audit.prefix_cache_hit_rate:.3f}), "
+             f"{audit.preemptions} preemptions, {audit.steps} steps"]
     if cmp:
-        lines.append(f"hit counts vs {cmp['allocator']}: {cmp['requests_differing']} of {cmp['requests']} "
-                     f"requests differ (ours {cmp['blocks_hit']} blocks, vLLM {cmp['vllm_blocks_hit']})")
-        lines += [f"  {st['stage']}: {st['requests_differing']} differ" for st in cmp["explained"][1:]]
-    lines.append(f"invariant violations: {audit['invariant_violations']}; cached blocks "
-                 f"recycled: {audit.get('recycled_blocks', 0)}"
+        lines.append(f"hit counts vs {cmp.allocator}: {cmp.requests_differing} of {cmp.requests} "
+                     f"requests differ (ours {cmp.blocks_hit} blocks, vLLM {cmp.vllm_blocks_hit})")
+        lines += [f"  {st.stage}: {st.requests_differing} differ" for st in cmp.explained[1:]]
+    lines.append(f"invariant violations: {audit.invariant_violations}; cached blocks "
+                 f"recycled: {audit.recycled_blocks}"
                  + (f"; planted fault: {result.summary.fault}" if result.summary.fault else ""))
-    lines += [f"  {line}" for line in audit["invariant_messages"][:10]]
+    lines += [f"  {line}" for line in audit.invariant_messages[:10]]
     return lines + [headline(result), *footer(result)]
 
 

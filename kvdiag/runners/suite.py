@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvdiag.planning.suites import Case, Suite
+from kvdiag.record.audit_section import AuditSection
 from kvdiag.vocab import VLLM
 
 
@@ -23,12 +24,12 @@ class SuiteRun:
     engine_log: dict[str, list[str]] = field(default_factory=dict)  # "case/allocator" -> lines
     seconds: dict[str, dict[str, float]] = field(default_factory=dict)
     recycled: dict[str, dict[str, int]] = field(default_factory=dict)
-    vllm_audit: dict[str, dict] = field(default_factory=dict)
+    vllm_audit: dict[str, AuditSection] = field(default_factory=dict)
     allocators: list[str] = field(default_factory=list)  # in the order first used
 
     @property
     def vllm_corrupted(self) -> bool:
-        return any(s["corrupted"] for s in self.vllm_audit.values())
+        return any(s.corrupted for s in self.vllm_audit.values())
 
 
 def case_allocators(suite: Suite, case: Case, override: list[str] | None) -> list[str]:
@@ -75,8 +76,8 @@ def run_suite(suite: Suite, cases: list[Case], model_dir: Path, *,
 
             replay = replay_vllm(from_plan(plan, result.records), api=vllm_api)
             out.records += [r.as_dict() for r in replay.records]
-            out.vllm_audit[case.name] = vllm_section(replay)
-            out.recycled[case.name][VLLM] = replay.stats.get("recycled_blocks", 0)
+            section = out.vllm_audit[case.name] = vllm_section(replay)
+            out.recycled[case.name][VLLM] = section.recycled_blocks
             if progress:
                 progress(len(replay.records))
         out.engine_log.update({f"{case.name}/{k}": v for k, v in result.engine_log.items()})

@@ -39,6 +39,7 @@ from kvdiag.verdicts.audits import ISOLATION_JUDGED, classify_leaks, judge_audit
 from kvdiag.verdicts.core import Judgement, Verdict, judge_unmeasured
 from kvdiag.verdicts.live import (
     CACHED_TOKEN_FLAGS,
+    ProbeDetails,
     ProbeEvidence,
     classify_divergence,
     differential_over_hits,
@@ -59,7 +60,7 @@ from kvdiag.verdicts.runs import (
 )
 from kvdiag.verdicts.sentinel import judge_sentinel
 
-__all__ = ["CACHED_TOKEN_FLAGS", "ISOLATION_JUDGED", "Judgement", "ProbeEvidence", "Verdict",
+__all__ = ["CACHED_TOKEN_FLAGS", "ISOLATION_JUDGED", "Judgement", "ProbeDetails", "ProbeEvidence", "Verdict",
            "caught_as_expected", "classify_divergence", "classify_leaks", "expected_detection", "judge_audit",
            "judge_compare", "judge_fleet", "judge_gate", "judge_isolation", "judge_matrix", "judge_probe", "judge_unreached",
            "judge_reference", "judge_regress", "judge_sentinel", "judge_series", "judge_unmeasured",

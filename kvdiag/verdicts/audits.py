@@ -3,6 +3,7 @@ invariants, hits across salts, the epilogue's findings) and tenant isolation (le
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvdiag.verdicts.core import Judgement, Verdict
@@ -58,16 +59,24 @@ def classify_leaks(cells: list[IsolationCell], alpha: float, min_auc: float) -> 
     return out
 
 
+@dataclass(frozen=True)
+class IsolationDetails:
+    """What judge_isolation decided besides the verdict: every cell judged, its flags set
+    (classify_leaks), and the judged configurations' leaking ones."""
+
+    cells: list[IsolationCell] = field(default_factory=list)
+    leaks: list[IsolationCell] = field(default_factory=list)
+
+
 def judge_isolation(cells: list[IsolationCell], plan: IsolationPlanBlock, error: str | None) -> Judgement:
     """The tenant-isolation audit over its measured cells, classified here (classify_leaks
     under the plan's alpha and min_auc): fail if a judged configuration leaks at any length;
     inconclusive if the positive control missed at any of the plan's lengths or the run
-    stopped early; else pass. details: {"cells": every cell judged, "leaks": the judged
-    configurations' leaking ones}."""
+    stopped early; else pass. details: IsolationDetails."""
     judged = classify_leaks(cells, plan.alpha, plan.min_auc)
     lengths = plan.lengths
     leaks = [c for c in judged if c.config in ISOLATION_JUDGED and c.leaks]
-    details = {"cells": judged, "leaks": leaks}
+    details = IsolationDetails(cells=judged, leaks=leaks)
     if leaks:
         worst = max(leaks, key=lambda c: (c.content_leak, c.length))
         return Judgement(Verdict.FAIL, f"{worst.config} leaks at a {worst.length}-token "

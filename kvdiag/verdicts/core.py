@@ -6,6 +6,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class Verdict(str, enum.Enum):
@@ -57,11 +58,13 @@ _MEANING = {
 
 @dataclass(frozen=True)
 class Judgement:
-    """A verdict and the one sentence that says why (the report's and the console's)."""
+    """A verdict and the one sentence that says why (the report's and the console's);
+    `details`: what else the judge decided, for the run's record (a probe's: ProbeDetails;
+    the other judges': a dict)."""
 
     verdict: Verdict
     reason: str
-    details: dict = field(default_factory=dict)
+    details: Any = field(default_factory=dict)
 
 
 def judge_unmeasured(reason: str) -> Judgement:

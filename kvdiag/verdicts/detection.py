@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from kvdiag.verdicts.core import Verdict
 
 if TYPE_CHECKING:
+    from kvdiag.record.audit_section import AuditSection
     from kvdiag.record.evidence import GroundTruth, Oracle, PromptLogprobs, TopK
     from kvdiag.record.sentinel import SentinelBlock
 
@@ -39,14 +40,15 @@ def isolation_caught_by(verdict: Verdict) -> str:
     return "isolation" if verdict is Verdict.FAIL else NONE
 
 
-def audit_caught_by(section: dict) -> str:
+def audit_caught_by(section: AuditSection) -> str:
     """How the model-free audit caught its fault, from its section of summary.json
     ("vllm_audit", as kvdiag.runners.replay.audit writes it): a corrupted read, an invariant,
     a hit across salts, the differential phase's over-hits, the epilogue's other findings
     (the differential adds one finding of its own when it over-hit)."""
-    epilogue = section.get("epilogue") or {}
-    over = (epilogue.get("differential") or {}).get("over_hits", 0)
-    return _named([("read", section.get("corrupted_rounds")),
-                   ("invariant", section.get("invariant_violations")),
-                   ("salt", section.get("cross_tenant_hits")), ("over-hit", over),
-                   ("epilogue", len(epilogue.get("findings") or []) > (1 if over else 0))])
+    epilogue = section.epilogue
+    over = (epilogue.differential.over_hits or 0) if epilogue is not None else 0
+    findings = epilogue.findings if epilogue is not None else []
+    return _named([("read", section.corrupted_rounds),
+                   ("invariant", section.invariant_violations),
+                   ("salt", section.cross_tenant_hits), ("over-hit", over),
+                   ("epilogue", len(findings) > (1 if over else 0))])

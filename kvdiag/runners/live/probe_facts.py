@@ -50,7 +50,7 @@ class ProbeRun:
     @property
     def departed(self):
         """The shared rows whose answer left its isolated twin's, in frame order: the rows
-        the judge labels (kvdiag.verdicts.judge_probe's details["labels"])."""
+        the judge labels (kvdiag.verdicts.ProbeDetails.labels)."""
         shared = self.shared
         return shared[shared["first_divergence"].notna()]
 

@@ -43,3 +43,33 @@ def test_every_command_explains_its_options(name, command):
     for param in command.params:
         if isinstance(param, click.Option) and param.name != "help":
             assert (param.help or "").strip(), f"{name} {param.opts[0]} has no help text"
+
+
+def test_probe_help_groups_its_options_in_panels():
+    """probe's options under five panels (target, traffic, phases, judging, output), each
+    option in one of them, shared option aliases left as other commands show them."""
+    import typer.main
+
+    group = typer.main.get_command(app)
+    panels = {p.name: p.rich_help_panel for p in group.commands["probe"].params if p.name != "help"}
+    assert set(panels.values()) == {"Target", "Traffic", "Phases", "Judging", "Output"}, panels
+    assert panels["base_url"] == "Target" and panels["lifecycle"] == "Phases"
+    assert panels["numerics_margin"] == "Judging" and panels["out_dir"] == "Output"
+    shown = CliRunner().invoke(app, ["probe", "--help"], env={"COLUMNS": "200"}).output
+    assert all(f"─ {name} " in shown for name in set(panels.values())), shown[:2000]
+    # the --base-url alias is shared: compare's stays outside probe's panel
+    assert {p.rich_help_panel for p in group.commands["isolation"].params if p.name == "base_url"} == {None}
+
+
+def test_an_option_left_out_of_every_panel_is_refused():
+    from typing import Annotated
+
+    import typer
+
+    from kvdiag.cli.common import help_panels
+
+    def command(a: Annotated[int, typer.Option("--a")] = 1, b: Annotated[int, typer.Option("--b")] = 2):
+        return a + b
+
+    with pytest.raises(TypeError, match=r"options in no help panel: \['b'\]"):
+        help_panels(One=("a",))(command)

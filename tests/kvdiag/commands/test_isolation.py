@@ -96,7 +96,7 @@ def test_verdicts_follow_the_per_tenant_configuration_and_the_control():
     assert _judge(_cells()).verdict is Verdict.PASS
     judged = _judge(_cells(per_tenant_cached=64))
     assert judged.verdict is Verdict.FAIL and "64-token" in judged.reason
-    assert judged.details["leaks"][0].config == "per-tenant"
+    assert judged.details.leaks[0].config == "per-tenant"
     assert _judge(_cells(per_tenant_auc=0.95, per_tenant_p=1e-4)).verdict is Verdict.FAIL
     # a significant but small timing difference is not a leak (min_auc), nor a large but noisy one
     assert _judge(_cells(per_tenant_auc=0.6, per_tenant_p=1e-4)).verdict is Verdict.PASS
@@ -107,7 +107,7 @@ def test_verdicts_follow_the_per_tenant_configuration_and_the_control():
 
 
 def test_page_draws_one_plot_per_configuration_and_no_scripts():
-    cells = _judge(_cells()).details["cells"]
+    cells = _judge(_cells()).details.cells
     html = page(summaries.isolation(reason="r", isolation={"cells": cells}))
     assert html.count("<svg") == 3 and "<script" not in html.lower()
     assert html.count('class="fail"') == 1  # the unsalted exposure, told apart by timing

@@ -150,8 +150,9 @@ def test_one_namespace_and_isolated_sources_where_the_engine_has_no_namespaces(t
 
 def test_an_engine_flag_for_a_server_kvdiag_does_not_start_is_refused(tmp_path):
     from kvdiag.commands.probe import probe
+    from kvdiag.commands.probe_args import ProbeArgs
 
     with pytest.raises(KvdiagError, match="--engine-arg is for a server kvdiag starts"):
-        probe("natural", base_url="http://127.0.0.1:9", model="m", out_dir=tmp_path / "p",
-              engine_args=("-np 2",))
+        probe(ProbeArgs(suite="natural", base_url="http://127.0.0.1:9", model="m",
+                        out_dir=tmp_path / "p", engine_args=("-np 2",)))
     assert not (tmp_path / "p").exists()  # refused before a run directory was made

@@ -107,3 +107,36 @@ def test_the_page_reads_the_typed_plan_and_outcomes(tmp_path, monkeypatch):
             'brai 0.0</small><br><small>7/8 events (not: preemption)</small></td>') in html
     assert "<b>NOT RUN</b><br><small></small></td>" in html
     assert html.count("<td></td>") == 1  # target a has no (mine, natural) cell
+
+
+def test_the_driver_records_what_a_cell_task_sent_back(tmp_path, monkeypatch):
+    """A cell task's CellResult (no Ray here: a stand-in ray.get hands it over) reaches the
+    record step: the probe's files land in the run directory, the measured result and cold
+    flag go to regress_record.record, the worker's seconds into the outcome."""
+    import sys
+    from types import SimpleNamespace as NS
+
+    from kvdiag.commands import regress_record
+    from kvdiag.fleet import driver
+    from kvdiag.fleet.cell import CellResult
+    from kvdiag.record.results import RunExtras
+
+    fleet = _fleet(tmp_path)
+    got = CellResult(result="measured", cold=True, seconds=12.345, files={"probe.json": b"{}"}, pid=7)
+    monkeypatch.setitem(sys.modules, "ray", NS(get=lambda ref: got))
+    seen = {}
+
+    def record(p, opts, measured, cold, timer):
+        seen.update(measured=measured, cold=cold, seconds=timer.seconds)
+        return NS(verdict=Verdict.PASS, summary=None, run_dir=tmp_path / "run",
+                  extra=RunExtras(run_id="run-1"))
+
+    monkeypatch.setattr(regress_record, "record", record)
+    monkeypatch.setattr(driver, "worst_metric", lambda summary: "SQDR 0")
+    monkeypatch.setattr(driver, "coverage_of", lambda summary: None)
+    run = tmp_path / "cell"
+    run.mkdir()
+    outcome = driver._record(fleet, fleet.cells[0], NS(run=NS(path=run)), None, ref=object())
+    assert (run / "probe.json").read_bytes() == b"{}"
+    assert seen["measured"] == "measured" and seen["cold"] is True and seen["seconds"] >= 12.345
+    assert (outcome.run_id, outcome.seconds, outcome.verdict) == ("run-1", 12.35, Verdict.PASS)

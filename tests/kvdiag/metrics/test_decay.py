@@ -94,21 +94,21 @@ def test_per_round() -> None:
 def test_summarize_reference_run_is_json_and_keyed_by_allocator() -> None:
     df = frame(records(), records(case="no-caching"))
     summary = summarize(df)
-    json.dumps(summary, allow_nan=False)  # strict JSON: NaN became null
-    assert summary["main_case"] == "trigger" and set(summary["by_case"]) == {"trigger",
+    json.dumps(summary.fields(), allow_nan=False)  # strict JSON: NaN became null
+    assert summary.main_case == "trigger" and set(summary.by_case) == {"trigger",
                                                                              "no-caching"}
-    assert summary["sqdr"] == {"guarded": 0.0, "buggy": pytest.approx(1 / 3)}
-    assert summary["brai"] == {"guarded": 0.0, "buggy": pytest.approx(0.2)}
-    first = summary["rounds"][0]
+    assert summary.sqdr == {"guarded": 0.0, "buggy": pytest.approx(1 / 3)}
+    assert summary.brai == {"guarded": 0.0, "buggy": pytest.approx(0.2)}
+    first = summary.rounds[0]
     for key in ("target", "allocator", "round", "block_reuse_rate", "attention_leakage",
                 "bleu4", "fact_check_pass_rate", "foreign_slots", "guard_rejections", "case"):
         assert key in first
-    assert len(summary["rounds"]) == 18
-    for rec in summary["rounds"]:
+    assert len(summary.rounds) == 18
+    for rec in summary.rounds:
         assert 0 <= rec["block_reuse_rate"] <= 1 and 0 <= rec["bleu4"] <= 100
-    buggy = [r for r in summary["rounds"] if r["allocator"] == "buggy" and r["case"] == "trigger"]
+    buggy = [r for r in summary.rounds if r["allocator"] == "buggy" and r["case"] == "trigger"]
     assert [r["brai"] for r in buggy] == [pytest.approx(0.2)] * 3
-    assert summary["bleu_signature"].startswith("nrefs:1|")
+    assert summary.bleu_signature.startswith("nrefs:1|")
 
 
 def test_summarize_probe_uses_targets_and_passed_expectation() -> None:
@@ -120,7 +120,7 @@ def test_summarize_probe_uses_targets_and_passed_expectation() -> None:
     summary = summarize(frame(reference, probe), expected_reuse={"trigger": 0.6})
     name = "http://127.0.0.1:8000/v1"
     assert series_name(name, "server") == name and series_name("reference", "buggy") == "buggy"
-    assert set(summary["sqdr"]) == {name} and summary["brai"][name] == pytest.approx(0.2)
-    probe_rounds = [r for r in summary["rounds"] if r["target"] == name]
+    assert set(summary.sqdr) == {name} and summary.brai[name] == pytest.approx(0.2)
+    probe_rounds = [r for r in summary.rounds if r["target"] == name]
     assert all(r["attention_leakage"] is None for r in probe_rounds)
-    assert summarize(frame(probe))["brai"] == {name: None}  # nothing to compare against
+    assert summarize(frame(probe)).brai == {name: None}  # nothing to compare against

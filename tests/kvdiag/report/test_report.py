@@ -79,7 +79,7 @@ def write_run(run_dir: Path, results: pd.DataFrame, verdict: str = "fail", **ext
     results.to_parquet(run_dir / "results.parquet")
     summary = reproduce(**extra, verdict=verdict, wall_seconds=41.7, command=COMMAND,
                         created="2025-11-29T10:00:00+00:00", targets=["reference"],
-                        cases=list(dict.fromkeys(results["case"])), **summarize(results))
+                        cases=list(dict.fromkeys(results["case"])), **summarize(results).fields())
     (run_dir / "summary.json").write_text(summary.to_json(), encoding="utf-8")
     return run_dir
 
@@ -310,9 +310,9 @@ def test_signature_and_environment_are_shown(tmp_path: Path) -> None:
                                  environment=environment))
     text = out.read_text(encoding="utf-8")
     assert "canary-0123abcd" in text and '<details id="environment">' in text
-    assert f"<dt>torch</dt><dd>{environment['packages']['torch']}</dd>" in text
-    if environment["git"]:
-        assert environment["git"]["commit"] in text
+    assert f"<dt>torch</dt><dd>{environment.packages['torch']}</dd>" in text
+    if environment.git:
+        assert environment.git.commit in text
     assert '<details id="environment">' not in render_report(synthetic_results(2, 3), reproduce())
 
 

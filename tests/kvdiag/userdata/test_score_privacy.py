@@ -34,10 +34,10 @@ def test_rounds_get_bleu_and_fact_check_and_sqdr():
     assert list(shared["fact_check_pass"]) == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
     assert "number $4.8" not in shared["fact_check_reason"].iloc[3] and "$4.2" in shared["fact_check_reason"].iloc[3]
     summary = summarize(df, baseline=None)
-    rates = {r["round"]: (r["fact_check_pass_rate"], r["bleu4"]) for r in summary["rounds"] if r["allocator"] == "shared"}
+    rates = {r["round"]: (r["fact_check_pass_rate"], r["bleu4"]) for r in summary.rounds if r["allocator"] == "shared"}
     assert [rates[r][0] for r in (1, 2, 3)] == [1.0, 0.5, 0.0]
     assert rates[1][1] == 100.0 and rates[1][1] > rates[2][1] > rates[3][1]
-    assert summary["sqdr"]["http://x"] == (1.0 - 0.0) / 3 and "nrefs:1" in summary["bleu_signature"]
+    assert summary.sqdr["http://x"] == (1.0 - 0.0) / 3 and "nrefs:1" in summary.bleu_signature
 
 
 def test_generated_sessions_rows_are_left_alone():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvdiag.record.audit_section import AuditSection
 from kvdiag.record.evidence import GroundTruth, Oracle, PromptLogprobs, TopK
 from kvdiag.record.sentinel import SentinelBlock
 from kvdiag.verdicts import Verdict
@@ -56,11 +57,16 @@ EMPTY_AUDIT = {"corrupted_rounds": [], "invariant_violations": 0, "cross_tenant_
                "epilogue": None}
 
 
+def _audit(section: dict) -> AuditSection:
+    """The section as summary.json holds it, read back typed."""
+    return AuditSection.model_validate(section)
+
+
 def test_an_audit_that_counted_nothing_caught_nothing():
-    assert audit_caught_by(EMPTY_AUDIT) == "-"
-    assert audit_caught_by({}) == "-"  # an older section without these keys
+    assert audit_caught_by(_audit(EMPTY_AUDIT)) == "-"
+    assert audit_caught_by(_audit({})) == "-"  # an older section without these keys
     quiet = {"reset": True, "phases": [], "differential": {"over_hits": 0}, "findings": []}
-    assert audit_caught_by(EMPTY_AUDIT | {"epilogue": quiet}) == "-"
+    assert audit_caught_by(_audit(EMPTY_AUDIT | {"epilogue": quiet})) == "-"
 
 
 @pytest.mark.parametrize("section, channel", [
@@ -72,11 +78,11 @@ def test_an_audit_that_counted_nothing_caught_nothing():
     ({"epilogue": {"findings": ["salt b: 3 cache hits on blocks another salt wrote"]}}, "epilogue"),
 ])
 def test_each_audit_channel_is_named_when_its_count_is_not_zero(section, channel):
-    assert audit_caught_by(EMPTY_AUDIT | section) == channel
+    assert audit_caught_by(_audit(EMPTY_AUDIT | section)) == channel
 
 
 def test_the_differentials_own_finding_is_not_counted_twice_as_the_epilogues():
     over = {"differential": {"over_hits": 1}}
-    assert audit_caught_by({"epilogue": over | {"findings": ["d"]}}) == "over-hit"
-    assert audit_caught_by({"epilogue": over | {"findings": ["d", "salt a"]}}) == "over-hit,epilogue"
-    assert audit_caught_by(EMPTY_AUDIT | {"corrupted_rounds": [1], "cross_tenant_hits": 2}) == "read,salt"
+    assert audit_caught_by(_audit({"epilogue": over | {"findings": ["d"]}})) == "over-hit"
+    assert audit_caught_by(_audit({"epilogue": over | {"findings": ["d", "salt a"]}})) == "over-hit,epilogue"
+    assert audit_caught_by(_audit(EMPTY_AUDIT | {"corrupted_rounds": [1], "cross_tenant_hits": 2})) == "read,salt"

@@ -30,10 +30,10 @@ def test_the_judge_flags_a_leaking_cell_and_not_a_clean_one_from_statistics_alon
     judged = judge_isolation(cells, IsolationPlanBlock(lengths=[64]), None)
     assert judged.verdict is Verdict.FAIL and "128-token" in judged.reason
     flags = {(c.config, c.length): (c.content_leak, c.timing_leak, c.leaks)
-             for c in judged.details["cells"]}
+             for c in judged.details.cells}
     assert flags == {("same-salt", 64): (True, False, True), ("per-tenant", 64): (False, False, False),
                      ("per-tenant", 128): (True, False, True)}
-    assert [(c.config, c.length) for c in judged.details["leaks"]] == [("per-tenant", 128)]
+    assert [(c.config, c.length) for c in judged.details.leaks] == [("per-tenant", 128)]
     assert all(c.leaks is None for c in cells)  # the measured statistics are left as measured
 
 
@@ -55,7 +55,7 @@ def test_a_control_that_missed_is_inconclusive_whatever_the_other_cells_say():
     cells = [_stats("same-salt", 64, 0), _stats("per-tenant", 64, 0)]
     judged = judge_isolation(cells, IsolationPlanBlock(lengths=[64]), None)
     assert judged.verdict is Verdict.INCONCLUSIVE and "positive control" in judged.reason
-    assert [c.hit for c in judged.details["cells"]] == [False, False]
+    assert [c.hit for c in judged.details.cells] == [False, False]
 
 
 def test_the_runner_imports_nothing_from_the_verdicts():

@@ -231,8 +231,8 @@ def test_the_noise_floor_is_bounded_not_raised():
     assert unstable.verdict is Verdict.ERROR and unstable.reason.startswith("ground truth unstable")
     # the same departures are judged against the numerics margin, not the floor: a fail
     judged = judge_probe(evidence(floor_margins=[6.0], divergences=[("3", 2.5), ("5", 0.4)]))
-    assert judged.verdict is Verdict.FAIL and judged.details["corrupted"] == 1
-    assert judged.details["numerics"] == 1 and judged.details["unstable_floor"] == 1
+    assert judged.verdict is Verdict.FAIL and judged.details.corrupted == 1
+    assert judged.details.numerics == 1 and judged.details.unstable_floor == 1
     assert judge_probe(evidence(floor_margins=[0.3, 0.9])).verdict is Verdict.PASS
 
 
@@ -240,7 +240,7 @@ def test_an_over_hit_fails_whatever_the_answers_say():
     hit = BoundedHit(what="pair 'slot 5'", cached=64, bound=16, margin=float("nan"))
     fine = BoundedHit(what="pair 'slot 4'", cached=16, bound=16, margin=None)
     judged = judge_probe(evidence(hits=[fine, hit]))
-    assert judged.verdict is Verdict.FAIL and judged.details["over_hits"] == 1
+    assert judged.verdict is Verdict.FAIL and judged.details.over_hits == 1
     assert "64 cached, at most 16" in judged.reason and "0 of the 1" in judged.reason
     assert judge_probe(evidence(hits=[fine])).verdict is Verdict.PASS
     unreported = BoundedHit(what="x", cached=None, bound=16, margin=None)
@@ -324,13 +324,13 @@ def test_the_judge_labels_every_divergence_and_names_where_the_corruption_was():
     fault seen only outside the numbered rounds says where it was."""
     divergences = [("3", 0.2), ("3", 5.0), ("lifecycle flood", 9.0), ("differential", 4.0), ("7", 1.5)]
     judged = judge_probe(evidence(divergences=divergences, answered=20))
-    labels = judged.details["labels"]
+    labels = judged.details.labels
     assert labels == [classify_divergence(m, 1.0) for _, m in divergences]
-    assert judged.details["corrupted"] == labels.count("corruption") == 4
-    assert judged.details["numerics"] == labels.count("numerics") == 1
-    assert judged.details["where"].startswith("rounds 3, 7") and "lifecycle flood" in judged.details["where"]
+    assert judged.details.corrupted == labels.count("corruption") == 4
+    assert judged.details.numerics == labels.count("numerics") == 1
+    assert judged.details.where.startswith("rounds 3, 7") and "lifecycle flood" in judged.details.where
     only_life = judge_probe(evidence(divergences=[("lifecycle preempt", 6.0)], answered=20))
-    assert only_life.verdict is Verdict.FAIL and only_life.details["where"] == "lifecycle preempt"
+    assert only_life.verdict is Verdict.FAIL and only_life.details.where == "lifecycle preempt"
     assert "rounds []" not in only_life.reason
 
 

@@ -136,7 +136,7 @@ def test_a_required_event_not_reached_is_inconclusive_and_a_pass_names_what_it_c
 def test_a_topk_shift_beyond_the_floor_fails_and_one_within_it_passes():
     floor = [0.01, 0.03]
     within = judge_probe(_evidence(topk=[("round 2", 0.4)], topk_floor=floor, events=_rows()))
-    assert within.verdict is Verdict.PASS and within.details["topk_departed"] == 0
+    assert within.verdict is Verdict.PASS and within.details.topk_departed == 0
     beyond = judge_probe(_evidence(topk=[("round 2", 0.4), ("lifecycle flood", 0.9)], topk_floor=floor))
     assert beyond.verdict is Verdict.FAIL and "lifecycle flood" in beyond.reason
     # a noisy floor raises the bar: the same shift is then within it

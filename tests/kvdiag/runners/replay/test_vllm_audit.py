@@ -143,8 +143,8 @@ def test_planted_stale_hash_in_vllm_is_detected_and_rounds_named(trigger_trace, 
     result = replay_vllm(trigger_trace, api=api)
     foreign = _by_round(result.records, "foreign_slots")
     section = vllm_section(result)
-    assert section["corrupted"]
-    named = section["corrupted_rounds"]
+    assert section.corrupted
+    named = section.corrupted_rounds
     assert named and named == sorted(n for n, v in foreign.items() if v or
                                      _by_round(result.records, "unwritten_slots")[n])
     assert foreign[1] == foreign[2] == 0  # nothing recycled yet
@@ -256,7 +256,7 @@ def test_reproduce_trigger_case_through_vllm(tmp_path):
     assert len(rows) == 12 and all(r["foreign_slots"] == 0 and r["unwritten_slots"] == 0 for r in rows)
     assert all(0.5 < r["block_reuse_rate"] <= 1.0 for r in rows)
     audit = measured.run.vllm_audit["trigger"]
-    assert audit["invariant_violations"] == 0 and 0.9 < audit["prefix_cache_hit_rate"] < 1.0
+    assert audit.invariant_violations == 0 and 0.9 < audit.prefix_cache_hit_rate < 1.0
     assert measured.run.recycled["trigger"]["vllm"] > 0
     assert measured.judge().verdict.value == "pass"
 
@@ -307,10 +307,10 @@ def test_every_plant_undoes_itself(api):
 
     trace = from_schedule(make_schedule("trigger", answer_lengths(4, 4), min_user=6,
                                         shared_prefix=64, boundary=256, start_range=(180, 240)))
-    before = planted_audit(trace, None, None, api=api).section["prefix_cache_hits"]
+    before = planted_audit(trace, None, None, api=api).section.prefix_cache_hits
     for name in FAULTS:
         planted_audit(trace, None, name, api=api)
-    assert planted_audit(trace, None, None, api=api).section["prefix_cache_hits"] == before
+    assert planted_audit(trace, None, None, api=api).section.prefix_cache_hits == before
 
 
 def test_an_unknown_fault_exits_2_before_anything_runs(tmp_path):
