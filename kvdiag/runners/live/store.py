@@ -41,3 +41,8 @@ class RoundStore:
 
     def close(self) -> None:
         self._file.close()
+
+    def __getstate__(self) -> dict:
+        """A store travels (a fleet cell's probe, measured on a Ray worker and judged by the
+        driver) read-only: its rows, never its open file."""
+        return {"path": self.path, "done": self.done, "_file": None}
