@@ -38,6 +38,12 @@ def _headers(items, keep: tuple[str, ...] = ()) -> list[tuple[str, str]]:
 def build_app(upstream: httpx.AsyncClient, checker: Checker, status) -> Starlette:
     """`upstream`: a client whose base_url is the upstream; `status()`: the /kvdiag/status JSON."""
 
+    def _unread(ex: Exchange, status: int) -> None:
+        """A request indexed at send whose answer is not read: done, never judged (it stays in
+        the index with any output length, so it can explain later hits)."""
+        ex.finish(status, time.time(), False)
+        checker.event("done", ex)
+
     async def relay(request: Request) -> Response:
         body = await request.body()
         path = request.url.path
@@ -45,16 +51,22 @@ def build_app(upstream: httpx.AsyncClient, checker: Checker, status) -> Starlett
         outgoing = upstream.build_request(
             request.method, httpx.URL(path=path, query=request.url.query.encode()),
             headers=_headers(request.headers.items()), content=body)
+        if ex is not None:
+            # indexed before it goes out, not when its headers come back: a non-streamed answer's
+            # headers come only once it is done, and a request the upstream computes beside
+            # another must be in the index when the other is judged (else a healthy hit reads
+            # as an over-hit)
+            checker.event("sent", ex)
         try:
             response = await upstream.send(outgoing, stream=True)
         except httpx.HTTPError as e:
+            if ex is not None:
+                _unread(ex, 502)
             return JSONResponse({"error": {"message": f"kvdiag watch: the upstream is unreachable "
                                            f"({type(e).__name__})", "type": "bad_gateway"}}, 502)
-        if ex is not None:
-            if response.headers.get("content-encoding"):
-                ex = None  # compressed: relayed, not read
-            else:
-                checker.event("sent", ex)
+        if ex is not None and response.headers.get("content-encoding"):
+            _unread(ex, response.status_code)  # compressed: relayed, not read
+            ex = None
         if path in routes.RESET and response.status_code == 200:  # a reset empties the index
             checker.event("reset", None)
 
