@@ -15,7 +15,6 @@ from pathlib import Path
 
 from kvdiag.commands.lifecycle import finish_run
 from kvdiag.errors import KvdiagError
-from kvdiag.record.audit_section import AuditDifferential
 from kvdiag.record.results import RunExtras, RunResult, Signature, model_label
 from kvdiag.record.summary import AuditSummary
 from kvdiag.runners.replay.audit import AuditRun, audit_trace, trace_for_case
@@ -25,15 +24,13 @@ from kvdiag.vocab import VLLM
 
 def judge(run: AuditRun) -> Judgement:
     """judge_audit's verdict; the differential phase's over-hits, counted by the judge
-    (differential_over_hits, which reads and returns the phase as a dict), written into the
-    epilogue's figures and findings first (run.section is built once, so they stay)."""
+    (differential_over_hits), written into the epilogue's figures and findings first (once:
+    run.section is built once, so they stay)."""
     section = run.section
     epilogue = section.epilogue
     if epilogue is not None and epilogue.differential.over_hits is None:
-        judged = AuditDifferential.model_validate(
-            differential_over_hits(epilogue.differential.model_dump(mode="json")))
-        epilogue.differential = judged
-        epilogue.findings = [*epilogue.findings, *judged.findings]
+        epilogue.differential.over_hits, found = differential_over_hits(epilogue.differential.rows)
+        epilogue.findings = [*epilogue.findings, *found]
     return judge_audit(corrupted_rounds=section.corrupted_rounds,
                        invariant_violations=section.invariant_violations,
                        cross_tenant_hits=section.cross_tenant_hits,

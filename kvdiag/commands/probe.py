@@ -75,12 +75,12 @@ def evidence(run: ProbeRun) -> ProbeEvidence:
     """What the probe measured, raw, as judge_probe reads it: its divergences begin with
     `run.departed`'s rows, in order (judge() writes their labels back)."""
     pool = "unknown" if run.server.num_blocks is None else f"{run.server.num_blocks} blocks"
-    departed, pairs = run.departed, run.key_coverage.differential
+    departed, pairs, only = run.departed, run.key_coverage.differential, run.traffic.differential_only
     # a --differential-only run's frame is its pairs: each counted once, named by its phase
-    where = ["differential" if run.differential_only else str(int(r)) for r in departed["round"]]
+    where = ["differential" if only else str(int(r)) for r in departed["round"]]
     divergences = [(w, float(m)) for w, m in zip(where, departed["divergence_margin"])]
     divergences += [("differential", p.margin) for p in pairs
-                    if not run.differential_only and p.margin is not None and p.margin == p.margin]
+                    if not only and p.margin is not None and p.margin == p.margin]
     life = run.lifecycle.divergences
     divergences += [(f"lifecycle {q.group}", q.margin) for q in life if q.margin == q.margin]
     oracle = run.key_coverage.oracle
@@ -92,9 +92,9 @@ def evidence(run: ProbeRun) -> ProbeEvidence:
         pool=f"{pool} of {run.server.block_size} tokens, {len(run.pressure)} pressure sessions",
         hits=oracle.hits, oracle=oracle,
         logprob_departures=run.prompt_logprobs.departed,
-        answered=len(run.shared) + sum(p.margin is not None for p in pairs) * (not run.differential_only)
+        answered=len(run.shared) + sum(p.margin is not None for p in pairs) * (not only)
         + len(life),
-        requires_recycling=not run.traffic.differential_only,
+        requires_recycling=not only,
         topk=run.topk.shifts, topk_floor=run.topk.floor_shifts,
         events=run.lifecycle.events, required=tuple(run.traffic.require),
         sentinel=run.sentinel)

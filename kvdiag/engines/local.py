@@ -62,8 +62,9 @@ def running(target: Target, suite, case, model: str | None, log_dir: Path,
     if not target.is_local:
         yield Served(target, target.url, model)
         return
-    target.engine.launcher().find_python()  # the engine installed, before its default model is sought
-    model_dir = Path(model or suite.model or target.engine.launcher().default_model())
+    launcher = target.engine.launcher()
+    launcher.find_python()  # the engine installed, before its default model is sought
+    model_dir = Path(model or suite.model or launcher.default_model())
     adapters = adapter_dirs(adapter, model_dir)
     info(f"starting {target.spec} (log: {Path(log_dir) / target.engine.log_name}) ...")
     with live(target, suite, case, model_dir, log_dir, adapters=adapters, sentinel=sentinel,

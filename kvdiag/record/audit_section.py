@@ -68,8 +68,8 @@ class AuditDifferential(Block):
     """The differential phase: requests sent, the block size its bounds count in (`unit`), a
     row per request, slots read that nothing wrote or another wrote, why it could not run
     (`skipped`, None: it ran), and the judge's count of over-hits (None, and left out of the
-    file: not judged yet; kvdiag.verdicts.differential_over_hits). `findings`: the judge's line on them, which the
-    audit's judge moves into the epilogue's findings; not written to summary.json."""
+    file: not judged yet; kvdiag.verdicts.differential_over_hits, whose finding the audit's
+    judge adds to the epilogue's)."""
 
     requests: int = 0
     unit: int | None = None
@@ -78,7 +78,6 @@ class AuditDifferential(Block):
     unwritten_slots: int = 0
     skipped: str | None = None
     over_hits: int | None = Field(None, exclude_if=lambda v: v is None)
-    findings: list[str] = Field(default_factory=list, exclude=True)
 
 
 class Epilogue(Block):

@@ -72,19 +72,17 @@ def over_hit(cached: int | None, bound: int | None) -> bool:
     return cached is not None and bound is not None and cached > bound
 
 
-def differential_over_hits(phase: dict, shown: int = 3) -> dict:
-    """The model-free audit's differential phase (kvdiag.runners.replay.differential: rows of
-    name, cached, bound) with its over-hits counted and, where any, its finding."""
-    rows = phase.get("rows") or []
-    over = [r for r in rows if over_hit(r["cached"], r["bound"])]
-    findings = []
-    if over:
-        listed = "; ".join(f"{r['name']}: {r['cached']} cached, bound {r['bound']}" for r in over[:shown])
-        more = f" and {len(over) - shown} more" if len(over) > shown else ""
-        findings.append(f"differential: {len(over)} of {len(rows)} requests reported more cached "
-                        "tokens than any earlier request of their namespace could have cached "
-                        f"({listed}{more}): served blocks their tokens, namespace or a reset rule out")
-    return phase | {"over_hits": len(over), "findings": findings}
+def differential_over_hits(rows, shown: int = 3) -> tuple[int, list[str]]:
+    """The model-free audit's differential phase (kvdiag.runners.replay.differential: rows with
+    name, cached, bound): how many over-hit and, where any, the finding that names them."""
+    over = [r for r in rows if over_hit(r.cached, r.bound)]
+    if not over:
+        return 0, []
+    listed = "; ".join(f"{r.name}: {r.cached} cached, bound {r.bound}" for r in over[:shown])
+    more = f" and {len(over) - shown} more" if len(over) > shown else ""
+    return len(over), [f"differential: {len(over)} of {len(rows)} requests reported more cached "
+                       "tokens than any earlier request of their namespace could have cached "
+                       f"({listed}{more}): served blocks their tokens, namespace or a reset rule out"]
 
 
 @dataclass(frozen=True)

@@ -154,12 +154,13 @@ def prompt_logprob_pairs(store: RoundStore) -> PromptLogprobs:
     return PromptLogprobs(pairs=pairs, checked=len(pairs))
 
 
-def records(plan: CasePlan, store: RoundStore, target: str, style: str, block_size: int, pressure: list[int] = (), bad_reads: dict | None = None) -> list[Record]:
+def records(plan: CasePlan, store: RoundStore, target: str, style: str, block_size: int,
+            pressure: list[int] = (), bad_reads: dict | None = None) -> list[Record]:
     """Per round: the isolated row and the shared row of every suite session, and a shared
     row for every pressure session (judged against the isolated twin of the session it
     replays), each with its margin; the judge's labels fill `classification` later
-    (kvdiag.commands.probe.judge). `bad_reads`: a sentinel's foreign and unwritten slots per (phase, session,
-    round), the reference engine's columns."""
+    (kvdiag.commands.probe.judge). `bad_reads`: a sentinel's foreign and unwritten slots per
+    (phase, session, round), the reference engine's columns."""
     checker = Checker(style)
     out = []
     runs = [(session.session_id, SHARED, k, k, True) for k, session in enumerate(plan.sessions)]

@@ -41,7 +41,6 @@ class ProbeRun:
     sentinel: object = None  # kvdiag.record.sentinel.SentinelBlock, where a sentinel watched
 
     store: RoundStore | None = None  # every answer measured (rounds.jsonl), for label()
-    differential_only: bool = False
 
     @property
     def shared(self):
@@ -61,7 +60,7 @@ class ProbeRun:
         frame = self.frame
         frame.loc[frame["allocator"] == P.SHARED, "classification"] = "match"
         frame.loc[self.departed.index, "classification"] = list(labels)
-        if self.differential_only or self.store is None:
+        if self.traffic.differential_only or self.store is None:
             return
         corrupt = self.shared[self.shared["classification"] == "corruption"]
         self.first_divergences = C.first_divergences(self.plan, self.store, corrupt, self.pressure)

@@ -251,4 +251,4 @@ def _facts(base_url, who, plan, store, server, salted, pressure, before, after,
         ground_truth=C.ground_truth(store),
         prompt_logprobs=C.prompt_logprob_pairs(store),
         prefix_cache={"queries": queries, "hits": hits, "hit_rate": hits / queries if queries else None},
-        store=store, differential_only=settings.differential_only)
+        store=store)

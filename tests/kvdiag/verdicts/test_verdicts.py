@@ -355,15 +355,15 @@ def test_prompt_logprob_departures_are_decided_at_judge_time():
 
 
 def test_the_audit_differential_phase_over_hits_are_the_judges():
+    from kvdiag.record.audit_section import DifferentialRow
     from kvdiag.verdicts import differential_over_hits
 
-    rows = [{"name": "slot 0", "cached": 16, "bound": 16}, {"name": "slot 1", "cached": 32, "bound": 16},
-            {"name": "other salt", "cached": None, "bound": 0}]
-    judged = differential_over_hits({"rows": rows, "elapsed": 1.0})
-    assert judged["over_hits"] == 1 and judged["elapsed"] == 1.0
-    assert "1 of 3 requests" in judged["findings"][0] and "slot 1: 32 cached, bound 16" in judged["findings"][0]
-    clean = differential_over_hits({"rows": rows[:1]})
-    assert clean["over_hits"] == 0 and clean["findings"] == []
+    rows = [DifferentialRow(name="slot 0", cached=16, bound=16), DifferentialRow(name="slot 1", cached=32, bound=16),
+            DifferentialRow(name="other salt", cached=None, bound=0)]
+    over, findings = differential_over_hits(rows)
+    assert over == 1
+    assert "1 of 3 requests" in findings[0] and "slot 1: 32 cached, bound 16" in findings[0]
+    assert differential_over_hits(rows[:1]) == (0, [])
 
 
 def test_runners_measure_and_never_import_the_verdicts():
