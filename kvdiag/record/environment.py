@@ -1,9 +1,10 @@
 """What a run ran on: package versions, platform, CPU and git commit, as one typed block.
 
-summary.json carries it as its `environment` block (Environment, read by attribute), so a result says how it was made (as
-sacrebleu's signatures do) without the reader rerunning anything. Cheap by contract: package
-versions come from installed metadata (importlib.metadata), nothing heavy is imported, and
-the git commit costs one `git` call that may fail silently.
+summary.json carries it as its `environment` block (Environment, read by attribute), so a
+result says how it was made (as sacrebleu's signatures do) without the reader rerunning
+anything. Cheap by contract: package versions come from installed metadata
+(importlib.metadata), nothing heavy is imported, and the git commit costs one `git` call
+that may fail silently.
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ def cpu_model() -> str:
 
 
 def git_commit(where: Path) -> GitCommit | None:
-    """The short sha and whether tracked files changed (GitCommit) when `where` is inside a git checkout, else None.
+    """The short sha and whether tracked files changed (GitCommit) when `where` is inside a
+    git checkout, else None.
 
     None too when git is absent or slow: describing a run must never fail the run.
     """

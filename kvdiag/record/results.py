@@ -77,7 +77,8 @@ class RunExtras:
     """What a run keeps beside its summary for the console only (never written): each kind
     sets its own fields, the others stay at their defaults."""
 
-    engine_log: dict[str, list[str]] = field(default_factory=dict)  # reproduce, verify: "case/allocator" -> lines
+    # reproduce, verify: "case/allocator" -> the engine's lines
+    engine_log: dict[str, list[str]] = field(default_factory=dict)
     vllm: object = None  # audit: vLLM's replay (kvdiag.runners.replay.drive.ReplayResult)
     ours: object = None  # audit: the replay through one allocator of ours, or None
     stages: list = field(default_factory=list)  # audit: kvdiag.runners.replay.hit_diff's stages
