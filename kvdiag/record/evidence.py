@@ -58,12 +58,14 @@ class ServerBlock(ServerCache):
 
 class Recycling(Block):
     """Whether the shared pass recycled blocks, and how it shows (evictions from the
-    server's counters, or cached fractions that fell)."""
+    server's counters, cached fractions that fell, or more conversations than a slotted
+    server has slots: `slot_handovers` is the least number of times a slot changed hands)."""
 
     observed: bool = False
     how: str | None = None
     evictions: Num | None = None
     requests_with_recycled_prefix: int = 0
+    slot_handovers: int = 0
     pressure_sessions: int = 0
 
 

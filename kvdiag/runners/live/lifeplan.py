@@ -17,7 +17,7 @@ ANSWER = 16  # tokens every non-flood request generates
 # eighth of the measured prefill in: a chunk of prefill lasts tens of ms on a CPU, so one
 # offset alone misses it as often as not
 CANCEL_PREFILLS = 6
-COPY_DELAYS = (0.005, 0.01, 0.015, 0.02, 0.03)  # seconds between a chunked prefill's copies
+COPY_DELAYS = (0.0, 0.005, 0.01, 0.015, 0.02)  # seconds before each of a chunked prefill's copies
 
 
 @dataclass(frozen=True)

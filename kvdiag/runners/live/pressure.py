@@ -14,6 +14,10 @@ Recycling is then observed, not assumed:
     evictions from /metrics   a counter of evicted cache blocks rose during the shared pass
     cached fractions fell     a shared request got fewer cached tokens than the full blocks of
                               its own session's previous prompt: some of them were recycled
+    slots handed over         a server of fixed slots (llama.cpp's /props total_slots) served
+                              more conversations than it has slots: by pigeonhole, at least
+                              (conversations - slots) times a slot's cells past the common
+                              prefix were cleared and written by another conversation
 A healthy server that recycled shows the second; a stale-hash fault can hide it (its stale
 entries still "hit"), but then its answers diverge.
 """
@@ -86,10 +90,12 @@ def pressure_sessions(schedule, pool: int | None, pressure_round: int, *, limit:
 
 
 def observe_recycling(shared_rows: dict[tuple[int, int], dict], block_size: int,
-                      before: dict[str, float], after: dict[str, float], counters) -> Recycling:
+                      before: dict[str, float], after: dict[str, float], counters,
+                      slots: int | None = None) -> Recycling:
     """Whether the server recycled blocks during the shared pass, and how it shows.
     `shared_rows` maps (phase, session, round index) to the probe's stored row; `counters`
-    names the engine's eviction counters (engines/spec.CacheCounters)."""
+    names the engine's eviction counters (engines/spec.CacheCounters); `slots`: the server's
+    fixed slot count, where it has one (llama.cpp)."""
     evictions = None
     for name in counters.evictions:
         if name in after:
@@ -106,9 +112,18 @@ def observe_recycling(shared_rows: dict[tuple[int, int], dict], block_size: int,
         if row["cached_tokens"] < prev["prompt_tokens"] // block_size * block_size:
             fell += 1
     known = any(row.get("cached_tokens") is not None for row in shared_rows.values())
+    # a conversation: a session, told apart by its first prompt's ids where the row has them
+    # (two sessions of one prompt would hand a slot over without clearing anything)
+    first = {}
+    for (phase, k, _r), row in sorted(shared_rows.items(), key=lambda item: item[0][2], reverse=True):
+        first[phase, k] = tuple(row.get("ids") or ()) or (phase, k)
+    conversations = len(set(first.values()))
+    handovers = max(conversations - slots, 0) if slots else 0
     how = ("evictions from /metrics" if evictions else
            "cached fractions fell" if fell else
+           f"slots handed over: {conversations} conversations through {slots} slots" if handovers else
            "not observed" if known or evictions is not None else
            "unknown: the server reports neither evictions nor cached tokens")
-    return Recycling(observed=bool(evictions) or fell > 0, how=how, evictions=evictions,
-                     requests_with_recycled_prefix=fell)
+    return Recycling(observed=bool(evictions) or fell > 0 or handovers > 0, how=how,
+                     evictions=evictions, requests_with_recycled_prefix=fell,
+                     slot_handovers=handovers)

@@ -239,7 +239,9 @@ def _facts(base_url, who, plan, store, server, salted, pressure, before, after,
     frame = pd.DataFrame([r.as_dict() for r in rows], columns=Record.columns())
     shared = {(phase, k, r): row for (phase, k, r), row in store.done.items()
               if phase in (P.SHARED, P.PRESSURE)}
-    recycling = observe_recycling(shared, server.block_size, before, after, who["counters"])
+    slots = server.flags.get("total_slots")
+    recycling = observe_recycling(shared, server.block_size, before, after, who["counters"],
+                                  slots=slots if isinstance(slots, int) else None)
     recycling.pressure_sessions = len(pressure)
     if settings.differential_only:
         recycling.how = "not measured: the differential phase alone needs no recycling"

@@ -1,6 +1,9 @@
-"""rounds.jsonl: every finished request of a probe, one line each, flushed and synced as it
-lands, so a killed probe resumes where it stopped. `index` numbers the lines in the order
-they landed (the request index that slow decay over a long run is read against)."""
+"""rounds.jsonl: every finished request of a probe, one line each, flushed as it lands, so a
+killed probe resumes where it stopped (a flushed line is the kernel's once written: a kill
+loses none). Not synced per line: fsync blocks the event loop that sends the traffic, for
+hundreds of ms on a busy disk, and the lifecycle phase's timing needs that loop (a machine
+that loses power may lose the last lines; resume runs them again, and skips a cut one).
+Closing syncs the file. `index` numbers the lines in the order they landed (the request index that slow decay over a long run is read against)."""
 
 from __future__ import annotations
 
@@ -35,12 +38,14 @@ class RoundStore:
                "sent": result.sent, "done": result.done, "request_id": result.request_id, **extra}
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
-        os.fsync(self._file.fileno())
         self.done[(phase, session, rnd)] = row
         return row
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None and not self._file.closed:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
 
     def __getstate__(self) -> dict:
         """A store travels (a fleet cell's probe, measured on a Ray worker and judged by the

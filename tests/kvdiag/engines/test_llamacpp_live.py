@@ -77,8 +77,9 @@ def test_the_stock_build_passes_in_other_configuration_rows(gguf, tmp_path, row)
     assert summary["verdict"] == "pass", summary["reason"]
     assert summary["server"]["engine_args"] == row.split()
     assert summary["key_coverage"]["oracle"]["over_hits"] == 0
-    if row == "-np 2":  # the server says what it runs with
+    if row == "-np 2":  # the server says what it runs with, and its slots changed hands
         assert summary["server"]["flags"]["total_slots"] == 2
+        assert summary["recycling"]["observed"] and summary["recycling"]["slot_handovers"] > 0
 
 
 def test_a_prefix_match_one_token_too_long_fails_by_over_hits(gguf, tmp_path):

@@ -78,3 +78,18 @@ def test_recycling_is_seen_when_cached_tokens_fall_short_of_the_last_prompt():
     assert observe_recycling(rows, 32, {}, {}, VLLM_COUNTERS).how == "cached fractions fell"
     blind = {k: dict(v, cached_tokens=None) for k, v in rows.items()}
     assert observe_recycling(blind, 32, {}, {}, VLLM_COUNTERS).how.startswith("unknown")
+
+
+def test_a_slotted_server_recycles_when_more_conversations_than_slots_passed_through():
+    """llama.cpp's slots: 3 conversations through 2 slots hand a slot over at least once; 2
+    through 2 need not, and two sessions of one prompt count once."""
+    rows = {("shared", k, r): {"prompt_tokens": 40 + r, "cached_tokens": 40 if r else 0,
+                               "ids": [k, 1, 2] if r == 0 else [k, 1, 2, 3]}
+            for k in range(3) for r in range(2)}
+    seen = observe_recycling(rows, 1, {}, {}, VLLM_COUNTERS, slots=2)
+    assert seen.observed and seen.slot_handovers == 1 and seen.how.startswith("slots handed over")
+    assert not observe_recycling(rows, 1, {}, {}, VLLM_COUNTERS, slots=3).observed
+    assert not observe_recycling(rows, 1, {}, {}, VLLM_COUNTERS).observed  # no slots: no pigeonhole
+    for r in range(2):  # session 2 repeats session 0's prompt
+        rows[("shared", 2, r)]["ids"] = rows[("shared", 0, r)]["ids"]
+    assert not observe_recycling(rows, 1, {}, {}, VLLM_COUNTERS, slots=2).observed

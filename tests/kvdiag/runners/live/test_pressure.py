@@ -44,7 +44,8 @@ def test_without_recycling_the_verdict_is_inconclusive_not_pass(tmp_path):
     assert run.server.source == "cache_config_info"
     assert run.server.num_blocks == 3000 and run.server.block_size == 16
     assert run.recycling.model_dump() == {"observed": False, "how": "not observed", "evictions": 0.0,
-                                          "requests_with_recycled_prefix": 0, "pressure_sessions": 0}
+                                          "requests_with_recycled_prefix": 0, "slot_handovers": 0,
+                                          "pressure_sessions": 0}
     assert run.ground_truth.isolated > 0 and run.ground_truth.contaminated == 0
     judged = judge(run)
     assert run.count("corruption") == judged.details.corrupted == 0
