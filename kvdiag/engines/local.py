@@ -34,6 +34,7 @@ class Served:
     model: str | None
     model_label: str | None = None
     prefill_chunk: int | None = None  # the prefill chunk kvdiag started it with (vLLM does not report it)
+    reuse_chunk: int = 0  # llama.cpp's --cache-reuse it was started with (its /props does not say)
 
 
 def adapter_dirs(adapter: str | None, model_dir: Path) -> dict[str, Path]:
@@ -105,4 +106,5 @@ def live(target: Target, suite, case, model_dir: Path, log_dir: Path,
     Path(log_dir).mkdir(parents=True, exist_ok=True)
     with cls(model_dir, fault=target.fault, log_path=Path(log_dir) / target.engine.log_name, **kw) as server:
         yield Served(dataclasses.replace(target, url=server.base_url), server.base_url,
-                     server.served_model, model_label(model_dir), getattr(server, "prefill_chunk", None))
+                     server.served_model, model_label(model_dir), getattr(server, "prefill_chunk", None),
+                     getattr(server, "reuse_chunk", 0))

@@ -56,6 +56,10 @@ class OpenAIProtocol:
     def namespace(self, body: dict, salt: str) -> None:
         body["cache_salt"] = salt
 
+    def pin_reuse(self, body: dict, reuse_chunk: int) -> None:
+        """Fix, per request, how far past the common prefix the server may reuse cached
+        tokens, where the server takes that per request (llama.cpp); nothing here."""
+
     def isolation_works(self, call: Call, model: str) -> tuple[bool, str]:
         """Does the server take isolation per request? (a one-token request with a salt)"""
         body = {"model": model, "messages": [{"role": "user", "content": "hello"}],

@@ -173,6 +173,10 @@ class Oracle(Block):
     last_token_computed: bool | None = None
     unknown_ids: int = 0
     unreported: int = 0
+    # llama.cpp with --cache-reuse N: the N the bound counted chunks of, and the requests
+    # whose count ran past the common prefix yet within the chunks (shifted chunks reached)
+    reuse_chunk: int = 0
+    chunk_hits: int = 0
     hits: list[BoundedHit] = Field(default_factory=list, exclude=True)
     over_hits: int = 0
     examples: list[BoundedHit] = Field(default_factory=list)

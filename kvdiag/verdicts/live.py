@@ -255,6 +255,9 @@ def judge_probe(e: ProbeEvidence) -> Judgement:
         return Judgement(Verdict.INCONCLUSIVE, f"required events not reached: {'; '.join(why)}", details)
     oracle = (f"{e.oracle.checked} requests' cached tokens within the over-hit bound"
               if e.oracle is not None and e.oracle.available else "over-hit oracle unavailable")
+    if e.oracle is not None and e.oracle.available and e.oracle.reuse_chunk:
+        oracle += (f" (chunks of {e.oracle.reuse_chunk}+ tokens counted: {e.oracle.chunk_hits} "
+                   "requests hit past their common prefix)")
     recycled = (f"recycled blocks observed ({e.recycling.how})" if e.recycling.observed
                 else "no recycling needed (differential phase only)")
     return Judgement(Verdict.PASS, f"{e.answered} requests answered from the shared prefix cache matched "

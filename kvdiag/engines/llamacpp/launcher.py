@@ -49,6 +49,7 @@ class LlamacppLocal(EngineServer):
         if sentinel is not None:
             raise KvdiagError("llama.cpp has no kvdiag sentinel (its KV cache lives in C++)")
         self.server = fault_server(fault) if fault else stock_server()
+        self.reuse_chunk = reuse_chunk(extra_args)
         super().__init__(model_dir or self.default_model(), fault=fault, python=str(self.server),
                          log_path=log_path, extra_args=extra_args, timeout=timeout,
                          served_model=served_model or "smollm2")
@@ -90,3 +91,16 @@ class LlamacppLocal(EngineServer):
 
     def environment(self) -> dict[str, str]:
         return self.base_environment() | library_path(self.server)
+
+
+def reuse_chunk(extra_args: tuple[str, ...]) -> int:
+    """The N of `--cache-reuse N` (or `--cache-reuse=N`) among llama-server's flags; 0 without
+    it. KvdiagError (exit 2) for a value that is not a whole number."""
+    args = [a for arg in extra_args for a in arg.split("=", 1)] if extra_args else []
+    for k, arg in enumerate(args):
+        if arg == "--cache-reuse":
+            value = args[k + 1] if k + 1 < len(args) else ""
+            if not value.isdigit():
+                raise KvdiagError(f"--cache-reuse {value!r}: llama-server takes a whole number of tokens")
+            return int(value)
+    return 0

@@ -6,6 +6,8 @@
                 cache holds; it reports 0 cached tokens)
     namespaces  none: one cache for every request (no cache_salt; an adapter switch clears
                 the slot). The probe's salts are dropped, not sent.
+    reuse       n_cache_reuse sent with every request (0 unless the probe was told N): the
+                shortest chunk past the common prefix it may shift into place and count
     reset       none: erasing slots (POST /slots/ID?action=erase) leaves the RAM prompt
                 cache, so no request can empty the whole cache
     counters    llamacpp:prompt_tokens_total counts prompt tokens *excluding* cached ones;
@@ -47,6 +49,12 @@ class LlamacppProtocol(OpenAIProtocol):
 
     def namespace(self, body: dict, salt: str) -> None:
         pass  # llama.cpp keys its cache by tokens only
+
+    def pin_reuse(self, body: dict, reuse_chunk: int) -> None:
+        """n_cache_reuse on every request: a server started with --cache-reuse N would
+        otherwise shift chunks past the common prefix that the probe cannot know of (/props
+        does not say N), and the over-hit oracle would read them as over-hits."""
+        body.setdefault("n_cache_reuse", reuse_chunk)
 
     def isolation_works(self, call: Call, model: str) -> tuple[bool, str]:
         """A one-token request with cache_prompt: false, sent twice: the second must report

@@ -29,6 +29,7 @@ async def stream_and_close(endpoint: Endpoint, token_ids: list[int], after: int 
             "temperature": 0.0, "stream": True}
     if cache_salt:
         endpoint.protocol.namespace(body, cache_salt)
+    endpoint.protocol.pin_reuse(body, endpoint.reuse_chunk)
     body |= {"rid": rid} if rid else {}
     sent, state = time.time(), {"first": None, "seen": 0, "aborted": None}
 

@@ -17,6 +17,7 @@ def connect(base_url: str, model: str, api_key: str | None, suite: Suite,
             settings: P.ProbeSettings) -> tuple[Endpoint, dict, ServerCache]:
     """The endpoint (model and adapter served), who the server is, and its KV cache."""
     endpoint = Endpoint(base_url, model, api_key)
+    endpoint.reuse_chunk = settings.reuse_chunk
     served = endpoint.check()
     if settings.adapter is not None and settings.adapter not in served:
         raise EndpointError(f"{base_url} does not serve the adapter {settings.adapter!r} (it serves: "
@@ -25,6 +26,8 @@ def connect(base_url: str, model: str, api_key: str | None, suite: Suite,
            "counters": endpoint.counters}  # asked now: the phases close the endpoint
     server = read_server_cache(endpoint, suite.block_size, block_size=settings.block_size,
                                num_blocks=settings.num_blocks)
+    if server.source == "props":  # llama.cpp: the chunk reuse every request was sent with
+        server = server.model_copy(update={"flags": server.flags | {"n_cache_reuse": settings.reuse_chunk}})
     return endpoint, who, server
 
 

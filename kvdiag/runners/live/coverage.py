@@ -54,7 +54,8 @@ def key_coverage(plan, store: RoundStore, pressure: list[int], server: ServerCac
     `namespaces` False (an engine that keys its cache by tokens only, llama.cpp): one
     namespace for every salt, and the isolated requests, which such an engine still leaves
     in its slots, count as sources of hits (never judged: the ground truth checks them)."""
-    rule = HitRule.for_server(server.block_size, server.source)
+    reuse = server.flags.get("n_cache_reuse")
+    rule = HitRule.for_server(server.block_size, server.source, reuse if isinstance(reuse, int) else 0)
     judged = (P.SHARED, P.TWIN, P.PRESSURE, P.PLP, DIFF)
     sources = () if namespaces else (P.ISOLATED, P.PLP_ISOLATED, DIFF_ISOLATED)
     sent = []

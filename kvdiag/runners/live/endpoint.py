@@ -51,6 +51,7 @@ class Endpoint(ServerIdentity):
         self.client = httpx.AsyncClient(**self._async_kw)
         self._count_cache: dict[str, list[int]] = {}
         self.has_tokenize = True
+        self.reuse_chunk = 0  # sent where the server takes it per request (protocol.pin_reuse)
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -136,6 +137,7 @@ class Endpoint(ServerIdentity):
             self.protocol.isolate(body)
         elif cache_salt is not None:
             self.protocol.namespace(body, cache_salt)
+        self.protocol.pin_reuse(body, self.reuse_chunk)
         rid = f"kvdiag-{uuid.uuid4().hex[:16]}"
         if self.abort_api:  # a server that takes its client's rid (SGLang) names it so
             body.setdefault("rid", rid)

@@ -24,6 +24,24 @@ last token from the cache (vLLM, SGLang, kvdiag serve: one token must be compute
 logits), 0 where unsure. A reported count above the bound (verdicts.over_hit) means the cache
 served a block whose tokens differ from the request's, or its accounting over-reports.
 
+llama.cpp started with `--cache-reuse N` (a request's `n_cache_reuse`) also shifts chunks of
+at least N tokens that the slot holds past the common prefix into place: a request's cached
+count may run on past its LCP through chunks of the slot's tokens. Then (`reuse_chunk` N)
+
+    bound(X) = m + run(X, m)    m: the LCP bound above; run: how many positions of X from m
+                                on lie, one after another, in some window of N ids that an
+                                earlier request of the namespace also holds, with as many
+                                positions let through unmatched as the longest answer
+                                generated before X finished, plus N - 1 (a slot holds one
+                                request's prompt and answer, whose ids the client does not
+                                know: a chunk may match the answer, and one chunk may straddle
+                                the prompt's end into it)
+
+Sound: every chunk llama.cpp shifts is a run of at least N equal ids, so each position it
+covers lies in an N-window of the slot's tokens; the windows of every earlier request are a
+superset of one slot's. A slot serves one task at a time, so the request whose tokens it
+holds finished before X was admitted, and its answer's length is known by X's end.
+
 The requests are held in a trie of full blocks per namespace, so each request costs its
 length over the block size, not a comparison with every earlier request:
 
@@ -43,11 +61,12 @@ class HitRule:
 
     unit: int = 1
     last_token_computed: bool = True
+    reuse_chunk: int = 0  # llama.cpp's n_cache_reuse: chunks this long count past the LCP
 
     @classmethod
-    def for_server(cls, block_size: int, source: str) -> HitRule:
+    def for_server(cls, block_size: int, source: str, reuse_chunk: int = 0) -> HitRule:
         """vLLM's block where its own /metrics said it (cache_config_info); 1 elsewhere."""
-        return cls(block_size if source == "cache_config_info" else 1, True)
+        return cls(block_size if source == "cache_config_info" else 1, True, reuse_chunk)
 
     def bound(self, reach: int, length: int) -> int:
         """The most a request of `length` prompt tokens may report cached, given the furthest
@@ -162,27 +181,77 @@ def bounds(requests: Iterable[Sent], rule: HitRule, resets: Iterable[float] = ()
     events += [(r.sent, 1, r) for r in requests] + [(r.done, 2, r) for r in requests]
     events.sort(key=lambda e: (e[0], e[1]))
     tries: dict[tuple, PrefixTrie] = {}
+    chunks: dict[tuple, _Windows] = {}
     out: dict[object, int] = {}
     for _, kind, req in events:
         if kind == 0:
             tries.clear()
+            chunks.clear()
         elif kind == 1:
             tries.setdefault(req.namespace, PrefixTrie(block)).insert(req)
+            if rule.reuse_chunk:
+                chunks.setdefault(req.namespace, _Windows(rule.reuse_chunk)).add(req.key, req.ids)
         else:
             trie = tries.get(req.namespace)
             reach = trie.reach(req) if trie is not None else 0
+            if rule.reuse_chunk and req.namespace in chunks:
+                reach = chunks[req.namespace].run(req.key, req.ids, reach)
+                chunks[req.namespace].finished(req.out)
             out[req.key] = rule.bound(reach, len(req.ids))
     return out
+
+
+class _Windows:
+    """The N-windows of every request sent in one namespace (by hash: a collision only
+    widens the bound), and the longest answer finished so far, for llama.cpp's chunk reuse."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.seen, self.added, self.longest_out = n, {}, set(), 0
+
+    def _hashes(self, ids: tuple[int, ...]) -> list[int]:
+        return [hash(ids[i:i + self.n]) for i in range(len(ids) - self.n + 1)]
+
+    def add(self, key: object, ids: tuple[int, ...]) -> None:
+        self.added.add(key)
+        for h in self._hashes(ids):
+            self.seen[h] = self.seen.get(h, 0) + 1
+
+    def finished(self, out: int | None) -> None:
+        self.longest_out = max(self.longest_out, out or 0)
+
+    def run(self, key: object, ids: tuple[int, ...], start: int) -> int:
+        """`start` plus the run of positions of request `key`'s `ids` from it that windows of
+        the other requests cover, with the skips the module docstring allows."""
+        hashes, mine = self._hashes(ids), {}
+        if key in self.added:  # its own windows are not a source of its hits
+            for h in hashes:
+                mine[h] = mine.get(h, 0) + 1
+        covered = [False] * len(ids)
+        for i, h in enumerate(hashes):
+            if self.seen.get(h, 0) > mine.get(h, 0):  # another request holds this window
+                covered[i:i + self.n] = [True] * self.n
+        skips = self.longest_out + self.n - 1 if self.longest_out else 0
+        end = start
+        while end < len(ids) and (covered[end] or skips > 0):
+            skips -= not covered[end]
+            end += 1
+        return end
 
 
 def check(requests: list[Sent], rule: HitRule, resets: Iterable[float] = ()) -> dict:
     """Raw evidence for the judge: every request's bound beside its reported count. `checked`:
     requests with both; `available`: any could be checked; `rows`: (key, cached, bound) of
-    every checked request (verdicts.over_hit decides which over-hit)."""
+    every checked request (verdicts.over_hit decides which over-hit); `chunk_hits`: with
+    chunk reuse, the checked requests whose count only the chunks explain."""
     found = bounds(requests, rule, resets)
     rows = [(r.key, r.cached, found[r.key]) for r in requests
             if r.cached is not None and r.key in found]
+    chunk_hits = 0
+    if rule.reuse_chunk:  # the counts only chunks explain: the row reached chunk reuse
+        plain = bounds(requests, HitRule(rule.unit, rule.last_token_computed), resets)
+        chunk_hits = sum(plain[key] < cached <= bound for key, cached, bound in rows)
     return {"available": bool(rows), "checked": len(rows), "unit": rule.unit,
             "last_token_computed": rule.last_token_computed,
+            "reuse_chunk": rule.reuse_chunk, "chunk_hits": chunk_hits,
             "unknown_ids": sum(r.ids is None for r in requests),
             "unreported": sum(r.cached is None for r in requests), "rows": rows}

@@ -156,3 +156,46 @@ def test_an_engine_flag_for_a_server_kvdiag_does_not_start_is_refused(tmp_path):
         probe(ProbeArgs(suite="natural", base_url="http://127.0.0.1:9", model="m",
                         out_dir=tmp_path / "p", engine_args=("-np 2",)))
     assert not (tmp_path / "p").exists()  # refused before a run directory was made
+
+
+def test_chunk_reuse_is_pinned_per_request_and_read_from_the_servers_flags():
+    """Every request carries n_cache_reuse (the server's --cache-reuse cannot be read from
+    /props), the N kvdiag started llamacpp-local with, 0 otherwise; a bad N is exit 2."""
+    from kvdiag.engines.llamacpp.launcher import reuse_chunk
+    from kvdiag.engines.protocol import OpenAIProtocol
+
+    body = {"prompt": [1, 2, 3]}
+    LLAMACPP.pin_reuse(body, 256)
+    assert body["n_cache_reuse"] == 256
+    other = {"prompt": [1]}
+    OpenAIProtocol().pin_reuse(other, 256)
+    assert other == {"prompt": [1]}  # vLLM and SGLang take no such field
+    assert reuse_chunk(("-np", "2")) == 0
+    assert reuse_chunk(("--cache-reuse", "256")) == reuse_chunk(("--cache-reuse=256",)) == 256
+    with pytest.raises(KvdiagError, match="whole number"):
+        reuse_chunk(("--cache-reuse", "lots"))
+
+
+def test_a_chunk_shifted_past_the_common_prefix_is_within_the_bound_only_with_the_rule(tmp_path):
+    """On a server run with --cache-reuse 4 (flags n_cache_reuse), a request whose history
+    dropped a turn hits the later turns as a shifted chunk: within the bound; the same count
+    on a server without chunk reuse is an over-hit."""
+    from kvdiag.runners.live.coverage import key_coverage
+    from kvdiag.runners.live.differential import DIFF
+    from kvdiag.runners.live.pressure import ServerCache
+    from kvdiag.runners.live.store import RoundStore
+    from kvdiag.verdicts.live import over_hit
+
+    turns = [list(range(100 + 10 * k, 110 + 10 * k)) for k in range(4)]
+    full, trimmed = [i for t in turns for i in t], turns[0] + turns[2] + turns[3] + [7]
+    store = RoundStore(tmp_path / "rounds.jsonl")
+    _row(store, DIFF, 0, full, 0.0, 0)
+    _row(store, DIFF, 1, trimmed, 2.0, 30)  # turn 0, then turns 2 and 3 shifted into place
+    store.close()
+    over = {}
+    for reuse in (4, 0):
+        server = ServerCache(block_size=16, num_blocks=512, source="props", flags={"n_cache_reuse": reuse})
+        got = key_coverage(None, store, [], server, {}, True, namespaces=False)
+        over[reuse] = [over_hit(h.cached, h.bound) for h in got.oracle.hits]
+        assert got.oracle.reuse_chunk == reuse and got.oracle.chunk_hits == (1 if reuse else 0)
+    assert over == {4: [False, False], 0: [False, True]}

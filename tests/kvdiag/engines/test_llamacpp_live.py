@@ -82,6 +82,57 @@ def test_the_stock_build_passes_in_other_configuration_rows(gguf, tmp_path, row)
         assert summary["recycling"]["observed"] and summary["recycling"]["slot_handovers"] > 0
 
 
+def test_chunks_shifted_past_a_trimmed_history_hold_against_the_chunk_bound(gguf, tmp_path):
+    """The bound proved on the healthy server before it is trusted (--cache-reuse 16): each
+    example conversation, then a copy of it that dropped its second exchange (a client
+    trimming its context), one request at a time. The copy hits past its common prefix
+    through the later turns llama-server shifts into place: within the chunk bound
+    (chunk_hits > 0, 0 over-hits), above the common-prefix bound (over-hits there), and
+    sent with n_cache_reuse 0 it hits its common prefix only."""
+    import asyncio
+
+    from kvdiag.engines.llamacpp.launcher import LlamacppLocal
+    from kvdiag.paths import REPO_ROOT
+    from kvdiag.runners.live.endpoint import Endpoint
+    from kvdiag.runners.live.oracle import HitRule, Sent, check
+    from kvdiag.verdicts.live import over_hit
+
+    pairs = []
+    for line in (REPO_ROOT / "examples" / "sessions.jsonl").read_text().splitlines()[:3]:
+        messages = json.loads(line)["messages"]
+        pairs.append((messages[:6], messages[:3] + messages[5:6]))  # ...u2 a2 u3, and without u2 a2
+    def send(reuse: int) -> list[Sent]:
+        """The pairs, one request at a time, to a fresh server, sent with n_cache_reuse `reuse`."""
+        with LlamacppLocal(gguf, extra_args=("--cache-reuse", "16"),
+                           log_path=tmp_path / f"llama-server-{reuse}.log") as server:
+            endpoint, sent = Endpoint(server.base_url, server.served_model), []
+            endpoint.reuse_chunk = reuse
+
+            async def go() -> None:
+                for full, trimmed in pairs:
+                    for messages in (full, trimmed):
+                        res = await endpoint.chat(messages, 8)
+                        ids = tuple(endpoint.tokenize_chat(messages))
+                        assert len(ids) == res.prompt_tokens
+                        sent.append(Sent(len(sent), (None,), ids, res.sent, res.done,
+                                         res.cached_tokens, res.completion_tokens))
+                await endpoint.aclose()
+
+            asyncio.run(go())
+        return sent
+
+    reused, pinned = send(16), send(0)
+    with_chunks = check(reused, HitRule(1, True, 16))
+    print("kvdiag-chunks (request, cached, chunk bound):", with_chunks["rows"],
+          "pinned to 0 (request, cached, prefix bound):", check(pinned, HitRule(1, True))["rows"])
+    assert with_chunks["chunk_hits"] > 0, with_chunks
+    assert not [r for r in with_chunks["rows"] if over_hit(r[1], r[2])], with_chunks["rows"]
+    plain = check(reused, HitRule(1, True))
+    assert [r for r in plain["rows"] if over_hit(r[1], r[2])]  # the LCP bound alone is exceeded
+    off = check(pinned, HitRule(1, True))
+    assert not [r for r in off["rows"] if over_hit(r[1], r[2])], off["rows"]
+
+
 def test_a_prefix_match_one_token_too_long_fails_by_over_hits(gguf, tmp_path):
     run, summary = _probe("llamacpp-local:prefix-overrun", tmp_path / "p")
     assert run.returncode == 1 and summary is not None, run.stderr[-3000:]
