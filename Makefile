@@ -232,7 +232,7 @@ sglang-cpu-env: $(SGLANG_CPU_VENV)/.installed
 test-sglang-live: test-sglang-live-core test-sglang-live-lifecycle
 
 test-sglang-live-core: setup sglang-cpu-env  # (CI: a rotation slot each)
-	$(PY) -m pytest -m sglang_live tests/kvdiag/engines/test_sglang_live.py
+	$(PY) -m pytest -m sglang_live tests/kvdiag/engines/test_sglang_live.py tests/kvdiag/engines/test_watch_live.py
 
 test-sglang-live-lifecycle: setup sglang-cpu-env
 	$(PY) -m pytest -m sglang_live tests/kvdiag/engines/test_sglang_lifecycle_live.py

@@ -122,7 +122,8 @@ def test_the_differential_phase_of_sglang_local(fault, tmp_path):
     """Pairs of prompts that part at one token, one at a time: a healthy SGLang reports no
     request above what its namespace could have cached; a match that runs past the token where
     a pair parts (one token at SGLang's page size 1; or, at page size 16, to the end of the
-    page they part in) over-hits, and the count tells which."""
+    page they part in) over-hits, and the count tells which; the sentinel inside the server
+    sees the same wrong hits read, exactly, and its finding leads the reason."""
     target = "sglang-local" + (f":{fault}" if fault else "")
     code, summary, err = _kvdiag("probe", "--target", target, "--suite", "smoke", "--differential-only",
                                  "--out", str(tmp_path / "p"))
@@ -140,7 +141,11 @@ def test_the_differential_phase_of_sglang_local(fault, tmp_path):
         return
     assert f"PLANTED FAULT {fault}" in log
     assert code == 1, err[-2000:]
-    assert summary["verdict"] == "fail" and summary["reason"].startswith("over-hit: ")
+    assert summary["verdict"] == "fail" and "over-hit: " in summary["reason"]
+    # the sentinel (on for sglang-local) saw the wrongly served positions read, and leads
+    sentinel = summary["sentinel"]
+    assert sentinel["foreign"] + sentinel["unwritten"] > 0, sentinel
+    assert summary["reason"].startswith("sentinel: ")
     assert oracle["over_hits"] and all(e["cached"] > e["bound"] for e in oracle["examples"])
     if fault == "match-overrun":  # one token past where each pair parts from the base
         assert all(p["cached"] == p["bound"] + 1 for p in slots), slots

