@@ -26,8 +26,6 @@ def connect(base_url: str, model: str, api_key: str | None, suite: Suite,
            "counters": endpoint.counters}  # asked now: the phases close the endpoint
     server = read_server_cache(endpoint, suite.block_size, block_size=settings.block_size,
                                num_blocks=settings.num_blocks)
-    if server.source == "props":  # llama.cpp: the chunk reuse every request was sent with
-        server = server.model_copy(update={"flags": server.flags | {"n_cache_reuse": settings.reuse_chunk}})
     return endpoint, who, server
 
 

@@ -47,15 +47,16 @@ def _margin(shared: dict, isolated: dict | None) -> float | None:
 
 
 def key_coverage(plan, store: RoundStore, pressure: list[int], server: ServerCache,
-                 meta: dict, ids_known: bool, namespaces: bool = True) -> KeyCoverage:
+                 meta: dict, ids_known: bool, namespaces: bool = True,
+                 reuse_chunk: int = 0) -> KeyCoverage:
     """The oracle's counts (oracle.check) with every request it bounded (`hits`), and the
     differential phase's pairs (name, family, cached, bound, margin). The margin of a
     suite round is its shared answer's against the isolated run of the same round.
     `namespaces` False (an engine that keys its cache by tokens only, llama.cpp): one
     namespace for every salt, and the isolated requests, which such an engine still leaves
-    in its slots, count as sources of hits (never judged: the ground truth checks them)."""
-    reuse = server.flags.get("n_cache_reuse")
-    rule = HitRule.for_server(server.block_size, server.source, reuse if isinstance(reuse, int) else 0)
+    in its slots, count as sources of hits (never judged: the ground truth checks them).
+    `reuse_chunk`: the chunk reuse every request was pinned to (llama.cpp's n_cache_reuse)."""
+    rule = HitRule.for_server(server.block_size, server.source, reuse_chunk)
     judged = (P.SHARED, P.TWIN, P.PRESSURE, P.PLP, DIFF)
     sources = () if namespaces else (P.ISOLATED, P.PLP_ISOLATED, DIFF_ISOLATED)
     sent = []

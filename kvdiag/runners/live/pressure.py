@@ -114,9 +114,9 @@ def observe_recycling(shared_rows: dict[tuple[int, int], dict], block_size: int,
     known = any(row.get("cached_tokens") is not None for row in shared_rows.values())
     # a conversation: a session, told apart by its first prompt's ids where the row has them
     # (two sessions of one prompt would hand a slot over without clearing anything)
-    first = {}
-    for (phase, k, _r), row in sorted(shared_rows.items(), key=lambda item: item[0][2], reverse=True):
-        first[phase, k] = tuple(row.get("ids") or ()) or (phase, k)
+    first: dict[tuple, tuple] = {}
+    for (phase, k, _r), row in sorted(shared_rows.items(), key=lambda item: item[0][2]):
+        first.setdefault((phase, k), tuple(row.get("ids") or ()) or (phase, k))
     conversations = len(set(first.values()))
     handovers = max(conversations - slots, 0) if slots else 0
     how = ("evictions from /metrics" if evictions else

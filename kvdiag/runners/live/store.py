@@ -3,7 +3,8 @@ killed probe resumes where it stopped (a flushed line is the kernel's once writt
 loses none). Not synced per line: fsync blocks the event loop that sends the traffic, for
 hundreds of ms on a busy disk, and the lifecycle phase's timing needs that loop (a machine
 that loses power may lose the last lines; resume runs them again, and skips a cut one).
-Closing syncs the file. `index` numbers the lines in the order they landed (the request index that slow decay over a long run is read against)."""
+Closing syncs the file. `index` numbers the lines in the order they landed (the request
+index that slow decay over a long run is read against)."""
 
 from __future__ import annotations
 

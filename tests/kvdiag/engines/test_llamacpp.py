@@ -177,7 +177,7 @@ def test_chunk_reuse_is_pinned_per_request_and_read_from_the_servers_flags():
 
 
 def test_a_chunk_shifted_past_the_common_prefix_is_within_the_bound_only_with_the_rule(tmp_path):
-    """On a server run with --cache-reuse 4 (flags n_cache_reuse), a request whose history
+    """On a server run with --cache-reuse 4 (every request pinned to it), a request whose history
     dropped a turn hits the later turns as a shifted chunk: within the bound; the same count
     on a server without chunk reuse is an over-hit."""
     from kvdiag.runners.live.coverage import key_coverage
@@ -194,8 +194,8 @@ def test_a_chunk_shifted_past_the_common_prefix_is_within_the_bound_only_with_th
     store.close()
     over = {}
     for reuse in (4, 0):
-        server = ServerCache(block_size=16, num_blocks=512, source="props", flags={"n_cache_reuse": reuse})
-        got = key_coverage(None, store, [], server, {}, True, namespaces=False)
+        server = ServerCache(block_size=16, num_blocks=512, source="props")
+        got = key_coverage(None, store, [], server, {}, True, namespaces=False, reuse_chunk=reuse)
         over[reuse] = [over_hit(h.cached, h.bound) for h in got.oracle.hits]
         assert got.oracle.reuse_chunk == reuse and got.oracle.chunk_hits == (1 if reuse else 0)
     assert over == {4: [False, False], 0: [False, True]}
