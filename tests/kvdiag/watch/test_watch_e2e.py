@@ -29,9 +29,9 @@ def watching(upstream: str, path, *extra: str):
     return serving.watching(upstream, "--file", str(path), "--warmup", "0", "--window", "2", *extra)
 
 
-def _settle(url: str) -> dict:
+def settle(url: str, timeout: float = 20.0) -> dict:
     """The proxy's status once its queue is empty and no twin is running."""
-    for _ in range(200):
+    for _ in range(int(timeout * 10)):
         status = httpx.get(url + "/kvdiag/status", timeout=5).json()
         if status["queue"] == 0 and status["twins_running"] == 0 and status["in_flight"] == 0:
             return status
@@ -39,13 +39,13 @@ def _settle(url: str) -> dict:
     raise AssertionError(f"the watch never settled: {status}")
 
 
-def _metrics(url: str) -> dict[str, float]:
+def watch_metrics(url: str) -> dict[str, float]:
     text = httpx.get(url + "/kvdiag/metrics", timeout=5).text
     return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
             if line and not line.startswith("#")}
 
 
-def _report(path) -> tuple[int, dict]:
+def watch_report(path) -> tuple[int, dict]:
     r = subprocess.run([sys.executable, "-m", "kvdiag", "watch", "report", str(path), "--json"],
                        capture_output=True, text=True, timeout=60)
     return r.returncode, json.loads(r.stdout)
@@ -57,11 +57,11 @@ def tenants_through(upstream: str, path) -> tuple[dict, tuple[int, dict], list[d
     needed): the proxy's metrics, `watch report`'s exit and JSON, the findings."""
     with watching(upstream, path, "--sample", "0", "--pool-tokens", "0") as url:
         traffic = asyncio.run(run_clients(url, "canary", clients=8, rounds=4, tenants=4))
-        _settle(url)
-        metrics = _metrics(url)
+        settle(url)
+        metrics = watch_metrics(url)
     assert traffic.failed == 0 and traffic.requests == 32
     findings = [json.loads(line) for line in path.read_text().splitlines() if '"finding"' in line]
-    return metrics, _report(path), findings
+    return metrics, watch_report(path), findings
 
 
 def assert_tenants_clean(watched: tuple[dict, tuple[int, dict], list[dict]]) -> None:
@@ -86,8 +86,8 @@ def test_a_healthy_cache_is_judged_clean_with_every_request_checked(tmp_path):
     with served(*SERVE) as (upstream, _), watching(upstream, path, "--sample", "0.5",
                                                    "--budget", "20", "--seed", "1") as url:
         traffic = asyncio.run(run_clients(url, "canary", clients=8, rounds=4, quote_share=0))
-        status = _settle(url)
-        m = _metrics(url)
+        status = settle(url)
+        m = watch_metrics(url)
     assert traffic.requests == 32 and traffic.streamed == 16 and traffic.failed == 0
     assert m["kvdiag_watch_requests_total"] == 32
     assert m["kvdiag_watch_judged_total"] + sum(
@@ -96,7 +96,7 @@ def test_a_healthy_cache_is_judged_clean_with_every_request_checked(tmp_path):
     assert m["kvdiag_watch_over_hits_total"] == 0
     assert m["kvdiag_watch_twins_reached_total"] > 0 and m["kvdiag_watch_twin_departures_total"] == 0
     assert status["twins"]["floor_pairs"] > 0
-    code, out = _report(path)
+    code, out = watch_report(path)
     assert code == 0 and out["verdict"] == "pass", out
     assert read_watch(path).total("contaminated") == 0  # every isolated twin computed afresh
     text = path.read_text()
@@ -112,10 +112,10 @@ def test_a_key_coverage_fault_shows_as_over_hits_on_ordinary_traffic(tmp_path):
         # does not depend on how the server interleaved them (at 8 at once, 2 runs in 10
         # met no over-hit)
         asyncio.run(run_clients(url, "canary", clients=8, rounds=5, concurrency=1))
-        _settle(url)
-        m = _metrics(url)
+        settle(url)
+        m = watch_metrics(url)
     assert m["kvdiag_watch_over_hits_total"] > 0
-    code, out = _report(path)
+    code, out = watch_report(path)
     assert code == 1 and out["verdict"] == "fail"
     findings = [json.loads(line) for line in path.read_text().splitlines() if '"finding"' in line]
     over = [f for f in findings if f["kind"] == "over_hit"]
@@ -154,7 +154,7 @@ def test_cut_streams_and_a_killed_upstream_invent_nothing(tmp_path):
                 "messages": [{"role": "user", "content": "river stone " * 40}]}
         with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as r:
             next(r.iter_lines())  # the client reads one event and goes away
-        status = _settle(url)
+        status = settle(url)
         assert status["in_flight"] == 0
         with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as r:
             server.kill()  # the upstream dies mid-stream: the client sees the stream break
@@ -163,6 +163,6 @@ def test_cut_streams_and_a_killed_upstream_invent_nothing(tmp_path):
                     pass
         dead = httpx.post(url + "/v1/chat/completions", json=body | {"stream": False}, timeout=30)
         assert dead.status_code == 502
-        m = _metrics(url)
+        m = watch_metrics(url)
     assert m["kvdiag_watch_over_hits_total"] == 0 and m["kvdiag_watch_requests_total"] == 0
     assert '"finding"' not in path.read_text()
