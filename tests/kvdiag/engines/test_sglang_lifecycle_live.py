@@ -51,6 +51,7 @@ POOL = 4200  # tokens: the burst (~8 x 450 with its decode), so fillers need the
 CHUNK = 256  # cancel-prefill: SGLang's prefill chunk for it (--chunked-prefill-size)
 LONG = 6000  # cancel-prefill: filler words before the recitable lines (~24 chunks)
 CANCEL_AFTER = 0.5  # seconds into its prefill the client cancels
+ROUNDS = 5  # concurrent-prefill bursts per server
 
 
 def _lines(rng: random.Random, count: int, markers: list[str]) -> list[tuple[str, str]]:
@@ -213,8 +214,12 @@ def _run(fault: str | None, drive, tmp_path, *, num_blocks: int = POOL,
 @needs_sglang
 def test_concurrent_prefill_dedup(fault, tmp_path):
     # SGLang's CPU default chunk, not sglang-local's shorter one: one batch takes the burst
-    results, bad = _run(fault, _drive_concurrent_prefill, tmp_path,
-                   extra_args=("--chunked-prefill-size", str(BURST_CHUNK)))
+    # 5 rounds, not 2: whether SGLang prefills copies of the burst together (most rounds: 2
+    # of the 8, the other 6 hit them), and the fillers land on the freed duplicates while the
+    # burst still decodes, is the scheduler's timing. With 2 rounds the sentinel saw the plant
+    # act in 2 runs of 3; with 5, in 3 of 3 (780, 1,616 and 800 foreign reads; ~3 s a round)
+    results, bad = _run(fault, _drive_concurrent_prefill, tmp_path, rounds=ROUNDS,
+                        extra_args=("--chunked-prefill-size", str(BURST_CHUNK)))
     wrong = sum(r["wrong"] for r in results)
     if fault is None:
         assert wrong == 0 and bad == 0, results
