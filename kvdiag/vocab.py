@@ -12,7 +12,8 @@ CLEAN_ALLOCATORS = ("prefix-cache", VLLM)
 # how a session's turns are written: the canary's fact lines, or English for real chat models
 STYLES = ("canary", "natural")
 # the events of a block's life the live probe drives on purpose and reports reached or not
-# (runners/live/lifecycle.py; docs/probe.md): each lifecycle fault lives at one of them
+# (runners/live/lifecycle.py, slotlife.py; docs/probe.md): each lifecycle fault lives at one
+# of them; a run's table has the rows its engine's traffic drives (--require all: those)
 EVENTS = {
     "recycle": "a freed block that still holds a cached prefix is handed to a new request",
     "early-free": "a request sharing blocks finishes while another still decodes on them",
@@ -24,6 +25,12 @@ EVENTS = {
     "backlog": "requests wait for admission while returning sessions ask for their cached prefixes",
     "concurrent-prefill": "requests with one uncached prefix prefilled at the same time "
                           "(SGLang frees the duplicate pages)",
+    # an engine of fixed slots over one cache keyed by tokens (llama.cpp): a slot's life
+    "ram-cache": "a conversation returns after every slot went to another, and its prompt comes "
+                 "back from the RAM prompt cache",
+    "slot-restore": "a slot saved to a file, given to another conversation, restored, then asked "
+                    "for what it held before the restore and for what was restored",
+    "slot-erase": "a slot erased between a conversation's rounds, then the conversation continued",
 }
 # BRAI above this is an alert (verify --expect-guard, regress, the report, Prometheus rules)
 BRAI_MAX = 0.05

@@ -102,8 +102,10 @@ def probe(
     require: Annotated[str | None, typer.Option("--require", show_default=False, help="Events the run "
                                                 "must reach, comma-separated (recycle, early-free, "
                                                 "preemption, cancel-prefill, cancel-decode, "
-                                                "chunked-prefill, backlog, concurrent-prefill, or all): "
-                                                "a run that misses one is inconclusive (exit 2).")] = None,
+                                                "chunked-prefill, backlog, concurrent-prefill; on "
+                                                "llama.cpp ram-cache, slot-restore, slot-erase; or all: "
+                                                "every row of the run's table): a run that misses one "
+                                                "is inconclusive (exit 2).")] = None,
     prefill_chunk: Annotated[int | None, typer.Option("--prefill-chunk", min=1, show_default=False,
                                                       help="The server's prefill chunk in tokens "
                                                       "(vLLM's --max-num-batched-tokens) where it does "

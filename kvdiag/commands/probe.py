@@ -57,13 +57,14 @@ def sentinel_path(spec, given: str | None) -> Path | bool | None:
 
 
 def parse_events(spec: str | None) -> tuple[str, ...]:
-    """--require's value: events of kvdiag.vocab.EVENTS, comma-separated, or `all`; an unknown
-    name is bad input (KvdiagError, exit 2)."""
+    """--require's value: events of kvdiag.vocab.EVENTS, comma-separated, or `all` (every
+    row of the run's coverage table: the events its engine's traffic drives, kept as
+    ("all",) and expanded by the judge); an unknown name is bad input (KvdiagError, exit 2)."""
     from kvdiag.vocab import EVENTS
 
     names = [n.strip() for n in (spec or "").split(",") if n.strip()]
     if names == ["all"]:
-        return tuple(EVENTS)
+        return ("all",)
     unknown = [n for n in names if n not in EVENTS]
     if unknown:
         raise KvdiagError(f"--require: unknown event {', '.join(map(repr, unknown))} (known: "

@@ -24,6 +24,7 @@ from collections.abc import Callable, Generator
 import httpx
 
 from kvdiag.engines import routes
+from kvdiag.errors import KvdiagError
 
 Call = Callable[..., httpx.Response]  # Endpoint._sync: (method, path, **kw) -> response
 # the requests that tokenize one prompt, without I/O: each (path, body) is answered with its
@@ -38,6 +39,7 @@ class OpenAIProtocol:
     namespaces = True  # requests under different salts share no cached block
     reset_paths = routes.RESET
     prompt_logprobs = True  # it may give vLLM's prompt_logprobs (the probe asks before using them)
+    slots = False  # a fixed set of slots a request may be pinned to, saved and restored (llama.cpp)
 
     def tokenize(self, model: str, prompt: dict, add_special: bool = True) -> Steps:
         """The ids of `prompt`: {"messages": [...][, "add_generation_prompt"]} (through the
@@ -59,6 +61,14 @@ class OpenAIProtocol:
     def pin_reuse(self, body: dict, reuse_chunk: int) -> None:
         """Fix, per request, how far past the common prefix the server may reuse cached
         tokens, where the server takes that per request (llama.cpp); nothing here."""
+
+    def pin_slot(self, body: dict, slot: int) -> None:
+        """Run this request on one slot, where the server has slots (llama.cpp)."""
+        raise KvdiagError(f"{self.name}: the server has no slots to pin a request to")
+
+    def slot_action(self, call: Call, slot: int, action: str, filename: str | None) -> dict:
+        """Save, restore or erase a slot, where the server has slots (llama.cpp)."""
+        return {"ok": False, "error": f"{self.name} servers have no slots"}
 
     def isolation_works(self, call: Call, model: str) -> tuple[bool, str]:
         """Does the server take isolation per request? (a one-token request with a salt)"""

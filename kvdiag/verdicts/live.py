@@ -119,7 +119,7 @@ class ProbeEvidence:
     topk: list[tuple[str, float]] = field(default_factory=list)  # (what, shift) per request
     topk_floor: list[float] = field(default_factory=list)  # shifts between isolated repeats
     events: list[EventRow] = field(default_factory=list)  # the coverage table's rows
-    required: tuple[str, ...] = ()  # events the run must reach
+    required: tuple[str, ...] = ()  # events the run must reach; ("all",): every row of its table
     sentinel: object = None  # kvdiag.record.sentinel.SentinelBlock, where one watched inside
 
 
@@ -248,8 +248,9 @@ def judge_probe(e: ProbeEvidence) -> Judgement:
                          f"({e.recycling.how}; server pool {e.pool})", details)
     if (blind := sentinel_blind(e.sentinel)) is not None:
         return Judgement(Verdict.INCONCLUSIVE, blind, details)
-    missing = [r for r in e.events if r.event in e.required and not r.reached]
-    unknown = sorted(set(e.required) - {r.event for r in e.events})
+    required = {r.event for r in e.events} if "all" in e.required else set(e.required)
+    missing = [r for r in e.events if r.event in required and not r.reached]
+    unknown = sorted(required - {r.event for r in e.events})
     if missing or unknown:
         why = [f"{r.event} ({r.evidence})" for r in missing] + [f"{u} (not measured)" for u in unknown]
         return Judgement(Verdict.INCONCLUSIVE, f"required events not reached: {'; '.join(why)}", details)

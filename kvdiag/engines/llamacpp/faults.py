@@ -27,6 +27,33 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
         (CORRUPTS_OUTPUT,),
         "a request whose prompt shares a prefix with what its slot held before, then differs",
     ),
+    Fault(
+        "restore-keeps-tokens", "slot restore keeps the old token list (lifecycle)",
+        "POST /slots/ID?action=restore loads the file's cells but leaves the slot's token list "
+        "as it was, so the next request matched against that list is served from the restored "
+        "conversation's cells: the right key over another conversation's bytes",
+        "tools/server/server-context.cpp: SERVER_TASK_TYPE_SLOT_RESTORE",
+        ("llama.cpp #26676 (a slot restore whose token list the prompt matcher never sees; "
+         "there an under-hit, here the other direction: the matcher sees the old list)",),
+        (CORRUPTS_OUTPUT,),
+        "a slot saved, given to another conversation, restored, then asked to continue the "
+        "conversation it held before the restore",
+        event="slot-restore",
+    ),
+    Fault(
+        "state-tail-dropped", "serialized state loses its tail (lifecycle)",
+        "a sequence's state, as the RAM prompt cache and slot save take it, has the keys of its "
+        "last quarter of cells written as zeros: a prompt restored from it keeps its token list "
+        "and its hit, over keys nobody wrote",
+        "src/llama-kv-cache.cpp: llama_kv_cache::state_write_data",
+        ("no single llama.cpp report: the serialize-restore round trip every cross-slot hit "
+         "takes in the default configuration (#27148's path), with bytes lost on the way, as "
+         "vLLM's 0.17.1 fix is for blocks read where nothing was written",),
+        (CORRUPTS_OUTPUT,),
+        "a conversation that returns after its slot went to another, so its prompt comes back "
+        "from the RAM prompt cache",
+        event="ram-cache",
+    ),
 )}
 
 

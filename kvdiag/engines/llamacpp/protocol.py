@@ -8,6 +8,8 @@
                 the slot). The probe's salts are dropped, not sent.
     reuse       n_cache_reuse sent with every request (0 unless the probe was told N): the
                 shortest chunk past the common prefix it may shift into place and count
+    slots       id_slot pins a request to a slot; POST /slots/ID?action=save|restore|erase
+                ({filename}, under --slot-save-path) saves, restores and erases one
     reset       none: erasing slots (POST /slots/ID?action=erase) leaves the RAM prompt
                 cache, so no request can empty the whole cache
     counters    llamacpp:prompt_tokens_total counts prompt tokens *excluding* cached ones;
@@ -33,6 +35,7 @@ class LlamacppProtocol(OpenAIProtocol):
     namespaces = False
     reset_paths = ()
     prompt_logprobs = False  # llama.cpp has no prompt logprobs (it ignores the field)
+    slots = True
 
     def tokenize(self, model: str, prompt: dict, add_special: bool = True) -> Steps:
         """A chat goes through /apply-template first; /tokenize then adds and parses special
@@ -55,6 +58,24 @@ class LlamacppProtocol(OpenAIProtocol):
         otherwise shift chunks past the common prefix that the probe cannot know of (/props
         does not say N), and the over-hit oracle would read them as over-hits."""
         body.setdefault("n_cache_reuse", reuse_chunk)
+
+    def pin_slot(self, body: dict, slot: int) -> None:
+        body["id_slot"] = slot
+
+    def slot_action(self, call: Call, slot: int, action: str, filename: str | None) -> dict:
+        """POST /slots/ID?action=save|restore|erase ({filename} for the first two: a plain
+        name under the server's --slot-save-path, which it needs for them): its answer
+        (n_saved, n_restored, n_erased) with ok True, or ok False and why."""
+        r = call("POST", f"/slots/{slot}", params={"action": action},
+                 json={"filename": filename} if filename else {})
+        if r.status_code != 200:
+            try:
+                why = r.json().get("error", {}).get("message") or r.text
+            except ValueError:
+                why = r.text
+            return {"ok": False, "error": f"HTTP {r.status_code}: {str(why)[:200]}"}
+        data = r.json()
+        return {k: v for k, v in data.items() if k in ("n_saved", "n_restored", "n_erased")} | {"ok": True}
 
     def isolation_works(self, call: Call, model: str) -> tuple[bool, str]:
         """A one-token request with cache_prompt: false, sent twice: the second must report

@@ -159,15 +159,22 @@ class Endpoint(ServerIdentity):
 
     async def complete(self, token_ids: list[int], max_tokens: int, *, cache_salt: str | None = None,
                        top_logprobs: int = 5, model: str | None = None,
-                       ignore_eos: bool = False, isolated: bool = False) -> ChatResult:
+                       ignore_eos: bool = False, isolated: bool = False,
+                       id_slot: int | None = None) -> ChatResult:
         """One greedy completion of a prompt given as token ids (/v1/completions, legacy
         logprobs): the differential and lifecycle phases' requests, free of any chat
         template. `ignore_eos`: decode all `max_tokens` (an extra parameter vLLM, SGLang and
-        llama.cpp take)."""
-        return await self.generate("/v1/completions", {
-            "model": model or self.model, "prompt": list(token_ids), "max_tokens": max_tokens,
-            "temperature": 0.0, "logprobs": top_logprobs} | ({"ignore_eos": True} if ignore_eos else {}),
-            cache_salt, isolated=isolated)
+        llama.cpp take); `id_slot`: the slot it must run on, where the server has slots."""
+        body = {"model": model or self.model, "prompt": list(token_ids), "max_tokens": max_tokens,
+                "temperature": 0.0, "logprobs": top_logprobs} | ({"ignore_eos": True} if ignore_eos else {})
+        if id_slot is not None:
+            self.protocol.pin_slot(body, id_slot)
+        return await self.generate("/v1/completions", body, cache_salt, isolated=isolated)
+
+    def slot_action(self, slot: int, action: str, filename: str | None = None) -> dict:
+        """Save, restore or erase one of the server's slots (llama.cpp's POST
+        /slots/ID?action=...): its answer's fields, with ok, or ok False and the error."""
+        return self.protocol.slot_action(self._sync, slot, action, filename)
 
     async def generate(self, path: str, body: dict, cache_salt: str | None = None,
                        auth: str | None = None, isolated: bool = False) -> ChatResult:
@@ -246,18 +253,26 @@ def _usage(data: dict) -> dict:
 
 def _chat_result(data: dict) -> ChatResult:
     choice = data["choices"][0]
-    content = (choice.get("logprobs") or {}).get("content") or []
-    return ChatResult(
-        text=(choice.get("message") or {}).get("content") or "",
-        tokens=[c["token"] for c in content],
-        top=[[(t["token"], t["logprob"]) for t in c.get("top_logprobs") or []] for c in content],
-        logprobs=[c["logprob"] for c in content], finish_reason=choice.get("finish_reason"),
-        **_usage(data))
+    return ChatResult(text=(choice.get("message") or {}).get("content") or "",
+                      **_content_logprobs((choice.get("logprobs") or {}).get("content") or []),
+                      finish_reason=choice.get("finish_reason"), **_usage(data))
+
+
+def _content_logprobs(content: list[dict]) -> dict:
+    """The chat shape of logprobs: one {token, logprob, top_logprobs} per generated token."""
+    return {"tokens": [c["token"] for c in content],
+            "top": [[(t["token"], t["logprob"]) for t in c.get("top_logprobs") or []] for c in content],
+            "logprobs": [c["logprob"] for c in content]}
 
 
 def _completion_result(data: dict) -> ChatResult:
+    """A completion's answer; its logprobs in the legacy shape (tokens, token_logprobs,
+    top_logprobs), or in the chat shape, as llama-server gives them for a completion too."""
     choice = data["choices"][0]
     lp = choice.get("logprobs") or {}
+    if "content" in lp:
+        return ChatResult(text=choice.get("text") or "", **_content_logprobs(lp["content"] or []),
+                          finish_reason=choice.get("finish_reason"), **_usage(data))
     tops = lp.get("top_logprobs") or []
     return ChatResult(
         text=choice.get("text") or "", tokens=list(lp.get("tokens") or []),

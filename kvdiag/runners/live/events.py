@@ -11,6 +11,7 @@ from kvdiag.record.evidence import Recycling
 from kvdiag.runners.live.identity import every_server
 from kvdiag.runners.live.lifeplan import LIFE, LifePlan
 from kvdiag.runners.live.phases import SHARED, TWIN
+from kvdiag.runners.live.slotlife import coverage_rows
 from kvdiag.vocab import EVENTS
 
 PREEMPTIONS, ABORTS = every_server("preemptions"), every_server("aborts")
@@ -34,6 +35,8 @@ def coverage(store, life: LifePlan | None, observed: dict, recycling: Recycling,
     for (phase, _, _), row in store.done.items():
         if phase == LIFE:
             by_group.setdefault(row.get("group", ""), []).append(row)
+    if life is not None and life.kind == "slots":  # an engine of slots (llama.cpp)
+        return [_recycle(recycling, by_group), *coverage_rows(by_group, life, observed, _row)]
     skipped = life.skipped if life else {"all": "the lifecycle phase was not run"}
     table = [_recycle(recycling, by_group), _early_free(store, recycling)]
     table.append(_preemption(by_group, before, after, skipped))

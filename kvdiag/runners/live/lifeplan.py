@@ -38,6 +38,7 @@ class LifePlan:
     requests: tuple[LifeRequest, ...]
     skipped: dict  # group -> why it is not sent on this server
     sizing: dict  # the figures the plan was sized from
+    kind: str = "blocks"  # a paged engine's block events, or "slots" (slotlife.py: llama.cpp)
 
     def group(self, name: str) -> list[LifeRequest]:
         return [q for q in self.requests if q.group == name]

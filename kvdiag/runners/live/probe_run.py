@@ -24,6 +24,7 @@ from kvdiag.runners.live import lifecycle as L
 from kvdiag.runners.live import lifeplan as LP
 from kvdiag.runners.live import phases as P
 from kvdiag.runners.live import sentinel as S
+from kvdiag.runners.live import slotlife as SL
 from kvdiag.runners.live.connect import connect, counters_since, isolation
 from kvdiag.runners.live.coverage import differential_records, key_coverage
 from kvdiag.runners.live.endpoint import Endpoint
@@ -69,7 +70,7 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
     # engine without namespaces (llama.cpp) serves them all from one cache, so neither runs
     spaced = salted and endpoint.protocol.namespaces
     pressure = P.plan_pressure(plan, server, spaced, settings)
-    life = _plan_lifecycle(endpoint, plan, server, spaced and ids_known, settings, warn)
+    life = _plan_lifecycle(endpoint, plan, server, spaced, salted and ids_known, settings, warn)
     # the server's counters when the probe began; kept in probe.json so that a resumed
     # probe's prefix-cache hit rate still covers the whole run
     before = counters_since(meta, endpoint.metrics(), who["counters"].queries)
@@ -112,20 +113,26 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
     return run
 
 
-def _plan_lifecycle(endpoint: Endpoint, plan, server: ServerCache, possible: bool,
+def _plan_lifecycle(endpoint: Endpoint, plan, server: ServerCache, spaced: bool, twins: bool,
                     settings: P.ProbeSettings, warn: Callable[[str], None]) -> LP.LifePlan | None:
     """The lifecycle phase's requests for this server, or None where it does not run (asked
-    off, the differential phase alone, or no salts or token ids to keep its requests apart)."""
+    off, the differential phase alone, no token ids or isolated twins, or, on a paged
+    engine, no salts to keep its requests apart). An engine of slots (llama.cpp) gets the
+    slot events' phase (slotlife.py), sent one request at a time, so it needs no salts."""
     if not settings.lifecycle or settings.differential_only:
         return None
-    if not possible:
+    if endpoint.protocol.slots and twins:
+        slots = server.flags.get("total_slots")
+        return SL.plan_slots([list(map(list, s)) for s in plan.prompts],
+                             slots if isinstance(slots, int) else None)
+    last = [session[-1] for session in plan.prompts]
+    material = [t for prompt in last for t in prompt]
+    ends = tuple(itertools.accumulate(len(prompt) for prompt in last))
+    if not (spaced and twins):
         warn("the lifecycle phase needs namespaces (cache_salt) and /tokenize: it is off, and "
              "its events are reported not reached")
         return None
     context, chunk = L.server_limits(endpoint, settings.prefill_chunk)
-    last = [session[-1] for session in plan.prompts]
-    material = [t for prompt in last for t in prompt]
-    ends = tuple(itertools.accumulate(len(prompt) for prompt in last))
     return LP.plan_lifecycle(material, server.block_size, server.num_blocks, context, chunk,
                              settings.concurrency, ends)
 
@@ -210,8 +217,11 @@ async def _phases(endpoint: Endpoint, plan, store: RoundStore, settings: P.Probe
         save("metrics_after_shared", after)  # a resume after this point keeps it
         if life is not None and meta.get("metrics_after_life") is None:
             observed = meta.get("life_observed") or {}
-            await L.lifecycle_phase(endpoint, life, store, shared_salt or "kvdiag-life",
-                                    tick_for("lifecycle (events)"), observed)
+            if life.kind == "slots":
+                await SL.slots_phase(endpoint, life, store, tick_for("lifecycle (slot events)"), observed)
+            else:
+                await L.lifecycle_phase(endpoint, life, store, shared_salt or "kvdiag-life",
+                                        tick_for("lifecycle (events)"), observed)
             save("life_observed", observed)
             save("metrics_after_life", endpoint.metrics())
         for phase, work, what in ((P.ISOLATED, jobs, "isolated (fresh cache_salt)"),

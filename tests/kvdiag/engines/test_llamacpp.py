@@ -199,3 +199,26 @@ def test_a_chunk_shifted_past_the_common_prefix_is_within_the_bound_only_with_th
         over[reuse] = [over_hit(h.cached, h.bound) for h in got.oracle.hits]
         assert got.oracle.reuse_chunk == reuse and got.oracle.chunk_hits == (1 if reuse else 0)
     assert over == {4: [False, False], 0: [False, True]}
+
+
+def test_a_completions_logprobs_in_llamacpps_chat_shape_are_read_as_its_tokens():
+    """llama-server answers a /v1/completions request's logprobs in the chat shape
+    (choices[0].logprobs.content); read as the legacy shape they would be no tokens at all,
+    and every completion (the differential and lifecycle phases') would match its twin
+    vacuously. Both shapes of one answer read the same."""
+    from kvdiag.runners.live.endpoint import _completion_result
+
+    def top(tok, lp):
+        return {"id": 1, "token": tok, "bytes": list(tok.encode()), "logprob": lp}
+
+    usage = {"prompt_tokens": 9, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 4}}
+    chat_shape = {"choices": [{"text": " Paris.", "index": 0, "finish_reason": "length", "logprobs": {
+        "content": [top(" Paris", -0.1) | {"top_logprobs": [top(" Paris", -0.1), top(" Lyon", -2.5)]},
+                    top(".", -0.3) | {"top_logprobs": [top(".", -0.3), top("!", -1.9)]}]}}], "usage": usage}
+    legacy = {"choices": [{"text": " Paris.", "index": 0, "finish_reason": "length", "logprobs": {
+        "tokens": [" Paris", "."], "token_logprobs": [-0.1, -0.3],
+        "top_logprobs": [{" Paris": -0.1, " Lyon": -2.5}, {".": -0.3, "!": -1.9}]}}], "usage": usage}
+    a, b = _completion_result(chat_shape), _completion_result(legacy)
+    assert a.tokens == b.tokens == [" Paris", "."] and a.logprobs == b.logprobs == [-0.1, -0.3]
+    assert a.top == b.top and a.top[0] == [(" Paris", -0.1), (" Lyon", -2.5)]
+    assert a.cached_tokens == 4 and a.text == " Paris."

@@ -6,7 +6,10 @@ style by `--target llamacpp-local[:FAULT]`:
   false) report 0 cached tokens, the over-hit oracle holds every reported hit within what
   the requests before it allow (one namespace: llama.cpp keys its cache by tokens only), and
   no decisive answer changed; so does it with two slots, and without the RAM prompt cache;
-- a fault planted by a source patch FAILs, exit 1, and the verdict names its binary's fault;
+- its coverage table's rows (slots handed over, the RAM prompt cache, slot save, restore and
+  erase) are all reached by the default probe;
+- a fault planted by a source patch FAILs, exit 1, and the verdict names its binary's fault:
+  the key-coverage plant by over-hits, each lifecycle plant by its answers at its event;
 - a GGUF that does not load is exit 2 with llama.cpp's own error line.
 
 Skipped without the build or the package; a CI rotation slot of its own (make
@@ -57,10 +60,15 @@ def _probe(target: str, out, *extra: str) -> tuple[subprocess.CompletedProcess, 
 
 
 def test_the_stock_build_passes_in_its_default_configuration(gguf, tmp_path):
-    run, summary = _probe("llamacpp-local", tmp_path / "p")
+    """With every row of its coverage table reached (--require all): slots handed over, prompts
+    back from the RAM cache, a slot saved, restored and erased between rounds."""
+    run, summary = _probe("llamacpp-local", tmp_path / "p", "--require", "all")
     assert run.returncode == 0 and summary is not None, run.stderr[-3000:]
     assert summary["verdict"] == "pass" and summary["isolation"] == "cache_prompt", summary["reason"]
     assert summary["corrupted_requests"] == 0
+    events = {r["event"]: r for r in summary["events"]}
+    assert set(events) == {"recycle", "ram-cache", "slot-restore", "slot-erase"}, events
+    assert all(r["reached"] for r in events.values()) and events["slot-restore"]["server"]["restores"] == 2
     oracle = summary["key_coverage"]["oracle"]
     # every shared request checked against its bound, none above it
     assert oracle["available"] and oracle["unknown_ids"] == 0 and oracle["over_hits"] == 0, oracle
@@ -139,6 +147,30 @@ def test_a_prefix_match_one_token_too_long_fails_by_over_hits(gguf, tmp_path):
     assert summary["verdict"] == "fail"
     assert summary["key_coverage"]["oracle"]["over_hits"] > 0, summary["key_coverage"]["oracle"]
     assert "b11434-fault-prefix-overrun@llamacpp-local:prefix-overrun" in summary["signature"]
+
+
+GROUP_OF = {"slot-restore": "restore", "ram-cache": "rotate"}  # slotlife.py's groups
+
+
+@pytest.mark.parametrize("fault", ["restore-keeps-tokens", "state-tail-dropped"])
+def test_a_lifecycle_plant_fails_by_its_answers_at_its_event(gguf, tmp_path, fault):
+    """The right key over the wrong bytes: every hit stays within the over-hit bound (the
+    tokens were sent before), so only the answers against their isolated twins show it, at
+    the event the plant lives at, which the run reached."""
+    from kvdiag.engines.llamacpp.faults import FAULTS
+
+    run, summary = _probe(f"llamacpp-local:{fault}", tmp_path / "p")
+    assert summary is not None, run.stderr[-3000:]
+    event = FAULTS[fault].event
+    assert {r["event"]: r["reached"] for r in summary["events"]}[event], summary["events"]
+    where = summary.get("corruption_where") or ""
+    print("LLAMACPP-LIFECYCLE", json.dumps({"fault": fault, "exit": run.returncode, "where": where,
+                                            "corrupted": summary["corrupted_requests"]}))
+    assert run.returncode == 1 and summary["verdict"] == "fail", summary["reason"]
+    assert summary["key_coverage"]["oracle"]["over_hits"] == 0
+    # caught in the lifecycle group that drives the plant's event
+    assert f"lifecycle {GROUP_OF[event]}" in where, where
+    assert f"b11434-fault-{fault}@llamacpp-local:{fault}" in summary["signature"]
 
 
 def test_a_gguf_that_does_not_load_is_exit_2_with_llamacpps_error(gguf, tmp_path):

@@ -133,6 +133,18 @@ def test_a_required_event_not_reached_is_inconclusive_and_a_pass_names_what_it_c
     assert judged.verdict is Verdict.INCONCLUSIVE and "backlog (not measured)" in judged.reason
 
 
+def test_require_all_means_every_row_of_the_runs_own_table():
+    """A paged engine's table and llama.cpp's have different rows: `all` asks each run for
+    its own, so neither is inconclusive for the other's events, and a row not reached is."""
+    paged = [r for r in _rows() if r.event not in ("ram-cache", "slot-restore", "slot-erase")]
+    assert judge_probe(_evidence(events=paged, required=("all",))).verdict is Verdict.PASS
+    slots = [EventRow(event=e, reached=e != "slot-restore", evidence="refused", requests=2)
+             for e in ("recycle", "ram-cache", "slot-restore", "slot-erase")]
+    judged = judge_probe(_evidence(events=slots, required=("all",)))
+    assert judged.verdict is Verdict.INCONCLUSIVE and "slot-restore (refused)" in judged.reason
+    assert "preemption" not in judged.reason
+
+
 def test_a_topk_shift_beyond_the_floor_fails_and_one_within_it_passes():
     floor = [0.01, 0.03]
     within = judge_probe(_evidence(topk=[("round 2", 0.4)], topk_floor=floor, events=_rows()))
@@ -146,7 +158,7 @@ def test_a_topk_shift_beyond_the_floor_fails_and_one_within_it_passes():
 
 def test_require_takes_known_events_or_all():
     assert parse_events("preemption, backlog") == ("preemption", "backlog")
-    assert parse_events("all") == tuple(EVENTS)
+    assert parse_events("all") == ("all",)  # the run's own table decides what all is
     assert parse_events(None) == ()
     with pytest.raises(KvdiagError, match="unknown event 'preemtion'"):
         parse_events("preemtion")

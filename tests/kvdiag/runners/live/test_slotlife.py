@@ -1,0 +1,103 @@
+"""The slot events' lifecycle phase (llama.cpp), without a server: its plan, and what the
+coverage table says from the rows a run stores. The live side (the stock build reaching every
+row, the plants at each event failing) is tests/kvdiag/engines/test_llamacpp_live.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvdiag.runners.live.events import _row
+from kvdiag.runners.live.lifeplan import LifePlan, LifeRequest
+from kvdiag.runners.live.slotlife import coverage_rows, plan_slots
+
+
+def _sessions(n: int = 6, rounds: int = 5) -> list[list[list[int]]]:
+    """n conversations sharing a 20-token system prompt, each round its last prompt, an
+    answer and a question longer (unevenly)."""
+    out = []
+    for k in range(n):
+        prompts, ids = [], list(range(20)) + [1000 + k] * 30
+        for r in range(rounds):
+            ids = ids + [2000 + 100 * k + r] * (17 + 11 * ((k + r) % 3))
+            prompts.append(list(ids))
+        out.append(prompts)
+    return out
+
+
+def test_the_plan_sends_the_suites_own_prompts_one_more_conversation_than_slots():
+    sessions = _sessions()
+    plan = plan_slots(sessions, 4)
+    assert plan == plan_slots(sessions, 4) and plan.kind == "slots"
+    rotate, pinned = plan.group("rotate"), plan.group("pinned")
+    assert len({q.salt for q in rotate}) == 5 and len(rotate) == 15 and len(pinned) == 5
+    for q in rotate + pinned:
+        k, r = int(q.salt.split("-")[1]), plan.sizing["rounds"]
+        assert list(q.ids) in sessions[k][:r]  # the suite's own prompts
+        if q.of is not None:  # each round the same conversation's last, extended
+            assert q.ids[:len(plan.requests[q.of].ids)] == plan.requests[q.of].ids
+    a1, b1, b2, a2 = plan.group("restore")
+    assert a1.ids == a2.ids == tuple(sessions[0][-1]) and b1.ids == b2.ids == tuple(sessions[1][-1])
+    assert b2.of == b1.j and a2.of == a1.j and plan.group("erase")[0].of == a2.j
+
+
+@pytest.mark.parametrize("slots, sessions, why", [(None, 6, "total_slots"), (6, 6, "need 7"),
+                                                  (2, 1, "fewer than 2")])
+def test_what_cannot_be_driven_is_said(slots, sessions, why):
+    plan = plan_slots(_sessions(sessions), slots)
+    assert not plan.group("rotate") and why in " ".join(plan.skipped.values())
+    rows = coverage_rows({}, plan, {}, _row)
+    assert [r["event"] for r in rows] == ["ram-cache", "slot-restore", "slot-erase"]
+    assert not rows[0]["reached"] and "not driven" in rows[0]["evidence"]
+
+
+def _stored(plan, cached: dict[int, int]) -> dict[str, list[dict]]:
+    """Rows as the phase stores them, in the plan's order, with these cached counts."""
+    by_group: dict[str, list[dict]] = {}
+    for k, q in enumerate(plan.requests):
+        by_group.setdefault(q.group, []).append({"session": q.j, "index": k, "group": q.group,
+                                                 "cached_tokens": cached.get(q.j, 0)})
+    return by_group
+
+
+def test_ram_cache_is_reached_only_by_a_hit_no_slot_since_could_have_given():
+    plan = plan_slots(_sessions(), 4)
+    second = plan.group("rotate")[5]  # conversation 0's second round
+    cold = coverage_rows(_stored(plan, {}), plan, {}, _row)[0]
+    assert not cold["reached"] and "0 of 10 returning" in cold["evidence"]
+    warm = coverage_rows(_stored(plan, {second.j: len(plan.requests[second.of].ids)}), plan, {}, _row)[0]
+    assert warm["reached"] and "1 of 10 returning" in warm["evidence"] and warm["server"]["restored"] == 1
+    # a hit no longer than what it shares with a request sent since is no evidence: one slot,
+    # X, then Y (its first 50 tokens X's), then X again
+    x, y = tuple(range(100)), tuple(range(50)) + tuple(range(500, 550))
+    small = LifePlan((LifeRequest(0, "rotate", x, 16, "x"), LifeRequest(1, "rotate", y, 16, "y"),
+                      LifeRequest(2, "rotate", x + (7, 8), 16, "x", of=0)), {}, {"slots": 1}, kind="slots")
+    assert not coverage_rows(_stored(small, {2: 50}), small, {}, _row)[0]["reached"]
+    assert coverage_rows(_stored(small, {2: 51}), small, {}, _row)[0]["reached"]
+
+
+def test_a_refused_save_says_the_server_needs_a_slot_save_path():
+    plan = plan_slots(_sessions(), 4)
+    observed = {"slot_actions": [{"action": "save", "file": "x.bin", "ok": False,
+                                  "error": "HTTP 501: This server does not support slots action"}]}
+    by_group = _stored(plan, {})
+    by_group["restore"] = by_group["restore"][:1]  # A was answered, then nothing more was sent
+    del by_group["erase"]
+    _, restore, erase = coverage_rows(by_group, plan, observed, _row)
+    assert not restore["reached"] and "--slot-save-path" in restore["evidence"] and "501" in restore["evidence"]
+    assert not erase["reached"]
+
+
+def test_the_restore_row_counts_the_restores_and_what_was_asked_after_them():
+    plan = plan_slots(_sessions(), 4)
+    a1, b1, b2, a2 = plan.group("restore")
+    observed = {"slot_actions": [{"action": "save", "ok": True, "n_saved": 200},
+                                 {"action": "restore", "ok": True, "n_restored": 200},
+                                 {"action": "restore", "ok": True, "n_restored": 200},
+                                 {"action": "erase", "ok": True, "n_erased": 250}]}
+    _, restore, erase = coverage_rows(_stored(plan, {a2.j: 200}), plan, observed, _row)
+    assert restore["reached"] and restore["server"] == {"restores": 2, "restored_tokens": 200}
+    assert "[0, 200] cached" in restore["evidence"]
+    assert erase["reached"] and "(250)" in erase["evidence"]
+    one = {"slot_actions": observed["slot_actions"][:2]}  # the second restore refused: not reached
+    one["slot_actions"].append({"action": "restore", "ok": False, "error": "HTTP 400"})
+    assert not coverage_rows(_stored(plan, {}), plan, one, _row)[1]["reached"]
