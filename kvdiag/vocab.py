@@ -32,8 +32,10 @@ EVENTS = {
                     "for what it held before the restore and for what was restored",
     "slot-erase": "a slot erased between a conversation's rounds, then the conversation continued",
 }
+SLOT_EVENTS = ("ram-cache", "slot-restore", "slot-erase")  # an engine of slots' rows, recycle beside them
+BLOCK_EVENTS = tuple(e for e in EVENTS if e not in SLOT_EVENTS)  # a paged engine's rows
 # BRAI above this is an alert (verify --expect-guard, regress, the report, Prometheus rules)
 BRAI_MAX = 0.05
 
-__all__ = ["BRAI_MAX", "CLEAN_ALLOCATORS", "CONTIGUOUS", "EVENTS", "GUARD_LOG_LINE",
-           "PAGED_ATTENTION_LINE", "STYLES", "VLLM"]
+__all__ = ["BLOCK_EVENTS", "BRAI_MAX", "CLEAN_ALLOCATORS", "CONTIGUOUS", "EVENTS", "GUARD_LOG_LINE",
+           "PAGED_ATTENTION_LINE", "SLOT_EVENTS", "STYLES", "VLLM"]

@@ -1,6 +1,6 @@
-"""llama-server binaries: the stock build `make llamacpp-env` makes, and one per planted fault,
-each a patch (patches/NAME.patch) applied to a copy of the sdist's tree and rebuilt
-incrementally into a binary of its own:
+"""llama-server binaries: the stock build `make llamacpp-env` makes, and one per planted fault
+or upstream fix, each a patch (patches/NAME.patch for a fault, fixes/NAME.patch for a fix)
+applied to a copy of the sdist's tree and rebuilt incrementally into a binary of its own:
 
     .llamacpp/src/llama.cpp     the sdist's tree, never patched
     .llamacpp/build/bin/        the stock llama-server
@@ -34,16 +34,27 @@ from pathlib import Path
 from kvdiag.errors import KvdiagError
 
 PATCHES = Path(__file__).parent / "patches"
+FIX_PATCHES = Path(__file__).parent / "fixes"
 CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
                "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF")
 # the build's name as /props (build_info) and every log's header say it: llama.cpp takes it
 # from the enclosing git checkout otherwise, which here is kvdiag's
 BUILD_NUMBER = "11434"
+# how a patched binary is built, in every stamp: raised when a change to it makes the binaries
+# built before untrustworthy (2: restored files stamped now, see _restore)
+RULES = "rules-2"
 
 
 def build_name(fault: str | None) -> str:
-    """What a binary's build_info says: b11434-sdist (stock), b11434-fault-NAME (planted)."""
-    return f"b{BUILD_NUMBER}-" + (f"fault-{fault}" if fault else "sdist")
+    """What a binary's build_info says: b11434-sdist (stock), b11434-fault-NAME (planted),
+    b11434-fix-NAME (an upstream fix applied)."""
+    return f"b{BUILD_NUMBER}-" + (f"{_kind(fault)}-{fault}" if fault else "sdist")
+
+
+def _kind(name: str) -> str:
+    from kvdiag.engines.llamacpp.faults import FIXES
+
+    return "fix" if name in FIXES else "fault"
 
 
 def root() -> Path:
@@ -71,7 +82,7 @@ def stock_server() -> Path:
 
 
 def patch_file(fault: str) -> Path:
-    return PATCHES / f"{fault}.patch"
+    return (FIX_PATCHES if _kind(fault) == "fix" else PATCHES) / f"{fault}.patch"
 
 
 def patched_files(patch: Path) -> list[str]:
@@ -79,12 +90,18 @@ def patched_files(patch: Path) -> list[str]:
     return [m.group(1) for m in re.finditer(r"^\+\+\+ b/(\S+)", patch.read_text(), re.M)]
 
 
+def every_patched_file() -> list[str]:
+    """Every tree path some fault's or fix's patch changes."""
+    patches = [*PATCHES.glob("*.patch"), *FIX_PATCHES.glob("*.patch")]
+    return sorted({f for p in patches for f in patched_files(p)})
+
+
 def fault_server(fault: str, log=lambda m: print(m, file=sys.stderr)) -> Path:
     """The llama-server with `fault`'s patch in, built now when missing or built from another
     version of the patch. KvdiagError (exit 2): no stock tree, a patch that no longer
     applies (naming the fault and the file), a build that fails (its last line)."""
     patch = patch_file(fault)
-    digest = hashlib.sha256(patch.read_bytes() + " ".join(CMAKE_FLAGS + (build_name(fault),))
+    digest = hashlib.sha256(patch.read_bytes() + " ".join(CMAKE_FLAGS + (build_name(fault), RULES))
                             .encode()).hexdigest()
     out = root() / "faults" / fault
     binary, stamp = out / "llama-server", out / "patch.sha256"
@@ -99,21 +116,26 @@ def fault_server(fault: str, log=lambda m: print(m, file=sys.stderr)) -> Path:
         log(f"copying the llama.cpp tree to {tree} (once) ...")
         shutil.copytree(stock, tree, symlinks=True, dirs_exist_ok=True)
     files = patched_files(patch)
+    rules = build / "kvdiag-rules"
+    if not rules.is_file() or rules.read_text().strip() != RULES:
+        # a build tree made under other rules may hold any patch's objects: every file a
+        # patch touches is put back (stamped now), so each is compiled again from stock
+        _restore(stock, tree, [f for f in every_patched_file() if (stock / f).is_file()])
     _restore(stock, tree, files)
     run = subprocess.run(["patch", "-p1", "--forward", "--batch", "-i", str(patch.resolve())],
                          cwd=tree, capture_output=True, text=True)
     if run.returncode != 0:
         _restore(stock, tree, files)
         said = (run.stdout + run.stderr).strip().splitlines()
-        raise KvdiagError(f"fault {fault}: {patch.name} no longer applies to llama.cpp's tree "
+        raise KvdiagError(f"{_kind(fault)} {fault}: {patch.name} no longer applies to llama.cpp's tree "
                           f"({', '.join(files)}): {said[-1] if said else 'patch failed'}")
     try:
         if not (build / "CMakeCache.txt").is_file():
             log(f"configuring {build} (once; the first build takes about 10 min on 2 cores) ...")
         # configured again for each fault: its name goes into the binary's build_info
         _run(["cmake", "-S", str(tree), "-B", str(build), *CMAKE_FLAGS,
-              f"-DLLAMA_BUILD_NUMBER={BUILD_NUMBER}", f"-DLLAMA_BUILD_COMMIT=fault-{fault}"], fault)
-        log(f"building llama-server with fault {fault} ({', '.join(files)}) ...")
+              f"-DLLAMA_BUILD_NUMBER={BUILD_NUMBER}", f"-DLLAMA_BUILD_COMMIT={_kind(fault)}-{fault}"], fault)
+        log(f"building llama-server with {_kind(fault)} {fault} ({', '.join(files)}) ...")
         _run(["cmake", "--build", str(build), "--target", "llama-server", "-j", str(os.cpu_count() or 2)],
              fault)
         if out.exists():
@@ -123,6 +145,7 @@ def fault_server(fault: str, log=lambda m: print(m, file=sys.stderr)) -> Path:
             shutil.copy2(lib, out / lib.name, follow_symlinks=True)  # yields to LD_LIBRARY_PATH)
         shutil.copy2(build / "bin" / "llama-server", binary)
         stamp.write_text(digest + "\n")
+        rules.write_text(RULES + "\n")
     finally:
         _restore(stock, tree, files)
     return binary
@@ -137,8 +160,12 @@ def library_path(server: Path) -> dict[str, str]:
 
 
 def _restore(stock: Path, tree: Path, files: list[str]) -> None:
+    """Put the stock files back, stamped now: the incremental build compares times, and a
+    file put back with the stock tree's older time (copy2) left the last patch's object in
+    every later binary (the first upstream-fixes build ran state-tail-dropped's serializer)."""
     for f in files:
-        shutil.copy2(stock / f, tree / f)
+        shutil.copyfile(stock / f, tree / f)
+        os.utime(tree / f)
 
 
 def _run(argv: list[str], fault: str) -> None:
@@ -146,4 +173,4 @@ def _run(argv: list[str], fault: str) -> None:
     if run.returncode != 0:
         lines = (run.stdout + run.stderr).strip().splitlines()
         error = next((x for x in reversed(lines) if "error" in x.lower()), lines[-1] if lines else "")
-        raise KvdiagError(f"fault {fault}: building llama-server failed: {error.strip()}")
+        raise KvdiagError(f"{_kind(fault)} {fault}: building llama-server failed: {error.strip()}")

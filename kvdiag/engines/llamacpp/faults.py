@@ -14,6 +14,8 @@ removes those cells, so the plant cannot act (docs/llamacpp.md).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from kvdiag.engines.fault import CORRUPTS_OUTPUT, Fault, check_name
 
 FAULTS: dict[str, Fault] = {f.name: f for f in (
@@ -57,6 +59,30 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
 )}
 
 
+@dataclass(frozen=True)
+class Fix:
+    """An upstream fix not in the pinned build, as a patch (fixes/NAME.patch): built and
+    probed like a fault (`llamacpp-local:NAME`), expected to pass; `kvdiag detect` runs only
+    the faults."""
+
+    name: str
+    summary: str
+    reports: tuple[str, ...]  # the pull requests and the issues they fix
+    written_from: str  # the PR's diff, or its description where the diff was not at hand
+
+
+FIXES: dict[str, Fix] = {f.name: f for f in (
+    Fix("upstream-fixes",
+        "an LRU-selected slot is restored from the RAM prompt cache or cleared, never kept with "
+        "another conversation's state; a request pinned to an empty slot, or on a slot holding a "
+        "shorter prefix than a cached one, looks the RAM cache up",
+        ("PR #27624 (fixes #27148)", "PR #28992 (fixes #28139 and #28276)"),
+        "the PRs' descriptions: their diffs were not at hand; the change is written for b11434"),
+)}
+
+
 def check_fault(name: str | None) -> str | None:
-    """The fault name, or None for none; an unknown name raises KvdiagError (exit 2)."""
+    """The fault (or fix) name, or None for none; an unknown name raises KvdiagError (exit 2)."""
+    if name in FIXES:
+        return name
     return check_name("llama.cpp", FAULTS, name)

@@ -124,6 +124,10 @@ async def slots_phase(endpoint, life: LifePlan, store, tick: Callable[[], None],
 
 def coverage_rows(by_group: dict[str, list[dict]], life: LifePlan, observed: dict, row) -> list[dict]:
     """The slot events' rows of the coverage table (`row`: events.py's row maker)."""
+    if "restore" in life.skipped:
+        why = f"not driven: {life.skipped['restore']}"
+        return [_ram_cache(by_group, life, row), row("slot-restore", False, why, 0),
+                row("slot-erase", False, why, 0)]
     return [_ram_cache(by_group, life, row), _restore(by_group, observed, row),
             _erase(by_group, observed, row)]
 

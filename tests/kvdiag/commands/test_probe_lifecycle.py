@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from kvdiag.vocab import EVENTS
+from kvdiag.vocab import BLOCK_EVENTS
 from tests.kvdiag.serving import served, smoke_pool
 
 pytestmark = pytest.mark.e2e  # starts a server, a CLI subprocess or a browser
@@ -41,7 +41,7 @@ def test_lifecycle_faults_fail_with_every_event_reached(tmp_path, allocator, lif
     assert summary["verdict"] == "fail"
     assert summary["corrupted_requests"] + summary["topk"]["departed"] >= 1
     events = {r["event"]: r for r in summary["events"]}
-    assert list(events) == list(EVENTS)
+    assert list(events) == list(BLOCK_EVENTS)  # a paged engine's table
     assert all(r["reached"] for r in events.values()), summary["events"]
     chunked = re.match(rf"a prompt of (\d+) tokens, the server's prefill chunk {CHUNK};",
                        events["chunked-prefill"]["evidence"])

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kvdiag.engines.llamacpp import build
-from kvdiag.engines.llamacpp.faults import FAULTS
+from kvdiag.engines.llamacpp.faults import FAULTS, FIXES, check_fault
 from kvdiag.engines.llamacpp.protocol import LLAMACPP
 from kvdiag.errors import KvdiagError
 
@@ -34,9 +34,19 @@ def test_every_fault_is_one_patch_and_every_patch_a_fault():
         assert FAULTS[name].reports and FAULTS[name].plant_point.split(":")[0] in files
 
 
+def test_every_fix_is_one_patch_of_its_own_folder_and_builds_under_its_own_name():
+    assert {p.stem for p in build.FIX_PATCHES.glob("*.patch")} == set(FIXES) and not set(FIXES) & set(FAULTS)
+    for name, fix in FIXES.items():
+        assert build.patch_file(name).parent == build.FIX_PATCHES and fix.reports and fix.written_from
+        assert re.search(rf"^\+.*kvdiag fix {re.escape(name)}:", build.patch_file(name).read_text(), re.M)
+        assert build.build_name(name) == f"b{build.BUILD_NUMBER}-fix-{name}"
+        assert check_fault(name) == name  # llamacpp-local:NAME builds it
+    assert build.build_name("prefix-overrun").endswith("-fault-prefix-overrun")
+
+
 @pytest.mark.skipif(not (build.root() / "src" / "llama.cpp" / "CMakeLists.txt").is_file(),
                     reason="no llama.cpp tree: make llamacpp-env")
-@pytest.mark.parametrize("name", list(FAULTS))
+@pytest.mark.parametrize("name", [*FAULTS, *FIXES])
 def test_every_patch_applies_to_the_sdists_tree(name, tmp_path):
     tree = build.root() / "src" / "llama.cpp"
     for f in build.patched_files(build.patch_file(name)):
@@ -65,6 +75,27 @@ def test_a_patch_that_no_longer_applies_names_the_fault_and_the_file(tmp_path, m
     # the copy is left as the stock tree has it
     for f in build.patched_files(build.patch_file(name)):
         assert (tmp_path / "fault-src" / f).read_text() == (stock / f).read_text()
+
+
+def test_a_file_put_back_after_a_patch_is_newer_than_what_the_patch_built(tmp_path):
+    """The incremental build decides by times: a stock file put back with the stock tree's
+    old time left the patched object in the next binary (a later build with a fix in it ran
+    state-tail-dropped's serializer, and its probe failed with 43 corrupted requests)."""
+    import os
+    import time
+
+    stock, tree = tmp_path / "stock", tmp_path / "tree"
+    for d in (stock, tree):
+        (d / "src").mkdir(parents=True)
+    (stock / "src" / "kv.cpp").write_text("stock\n")
+    os.utime(stock / "src" / "kv.cpp", (1_000_000, 1_000_000))  # the sdist's time
+    (tree / "src" / "kv.cpp").write_text("patched\n")
+    built = tmp_path / "kv.cpp.o"
+    built.write_text("object of the patched file\n")
+    os.utime(built, (time.time() - 5, time.time() - 5))
+    build._restore(stock, tree, ["src/kv.cpp"])
+    assert (tree / "src" / "kv.cpp").read_text() == "stock\n"
+    assert (tree / "src" / "kv.cpp").stat().st_mtime > built.stat().st_mtime
 
 
 @pytest.mark.e2e  # a CLI subprocess

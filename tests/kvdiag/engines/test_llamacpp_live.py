@@ -25,6 +25,7 @@ import pytest
 
 from kvdiag.engines.llamacpp.build import stock_server
 from kvdiag.errors import KvdiagError
+from kvdiag.vocab import SLOT_EVENTS
 
 
 def _built() -> bool:
@@ -67,8 +68,9 @@ def test_the_stock_build_passes_in_its_default_configuration(gguf, tmp_path):
     assert summary["verdict"] == "pass" and summary["isolation"] == "cache_prompt", summary["reason"]
     assert summary["corrupted_requests"] == 0
     events = {r["event"]: r for r in summary["events"]}
-    assert set(events) == {"recycle", "ram-cache", "slot-restore", "slot-erase"}, events
+    assert set(events) == {"recycle", *SLOT_EVENTS}, events
     assert all(r["reached"] for r in events.values()) and events["slot-restore"]["server"]["restores"] == 2
+    print("LLAMACPP-STOCK", json.dumps(events["ram-cache"]["server"]))
     oracle = summary["key_coverage"]["oracle"]
     # every shared request checked against its bound, none above it
     assert oracle["available"] and oracle["unknown_ids"] == 0 and oracle["over_hits"] == 0, oracle
@@ -171,6 +173,20 @@ def test_a_lifecycle_plant_fails_by_its_answers_at_its_event(gguf, tmp_path, fau
     # caught in the lifecycle group that drives the plant's event
     assert f"lifecycle {GROUP_OF[event]}" in where, where
     assert f"b11434-fault-{fault}@llamacpp-local:{fault}" in summary["signature"]
+
+
+def test_the_upstream_fixes_pass_and_their_pinned_requests_hit_the_ram_cache(gguf, tmp_path):
+    """PR #27624 and PR #28992 written into b11434 (fixes/upstream-fixes.patch): the build
+    passes with every row reached, and a request pinned to a slot that idle-slot caching
+    emptied now looks the RAM prompt cache up (the stock build divides 0 by 0 there and skips
+    it: #28139, an under-hit, which no verdict calls corruption)."""
+    run, summary = _probe("llamacpp-local:upstream-fixes", tmp_path / "p", "--require", "all")
+    assert run.returncode == 0 and summary is not None, run.stderr[-3000:]
+    assert summary["verdict"] == "pass" and summary["key_coverage"]["oracle"]["over_hits"] == 0
+    ram = {r["event"]: r for r in summary["events"]}["ram-cache"]
+    print("LLAMACPP-FIXED", json.dumps(ram["server"]))
+    assert ram["server"]["restored_pinned"] > 0, ram
+    assert "b11434-fix-upstream-fixes@llamacpp-local:upstream-fixes" in summary["signature"]
 
 
 def test_a_gguf_that_does_not_load_is_exit_2_with_llamacpps_error(gguf, tmp_path):

@@ -38,6 +38,7 @@ import pytest
 from kvdiag.engines.vllm.launcher import VllmLocal, vllm_available
 from kvdiag.paths import CANARY
 from kvdiag.runners.live.endpoint import Endpoint
+from kvdiag.vocab import BLOCK_EVENTS
 
 BLOCK = 32
 MAX_LEN = 2048
@@ -228,7 +229,7 @@ def test_the_default_probe_reaches_each_lifecycle_plants_event(tmp_path, fault):
     if fault is None:
         assert run.returncode == 0, (summary.get("reason"), run.stderr[-3000:])
         assert summary["verdict"] == "pass" and summary["corrupted_requests"] == 0
-        assert all(r["reached"] for r in summary["events"]) and len(summary["events"]) == 8
+        assert all(r["reached"] for r in summary["events"]) and len(summary["events"]) == len(BLOCK_EVENTS)
         assert bad == 0 and "0 foreign, 0 unwritten" in summary["reason"]
         return
     event = FAULTS[fault].event

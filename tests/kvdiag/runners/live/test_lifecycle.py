@@ -17,7 +17,7 @@ from kvdiag.record.summary_rows import EventRow
 from kvdiag.runners.live.compare import topk_distance
 from kvdiag.runners.live.lifeplan import OVERCOMMIT, plan_lifecycle
 from kvdiag.verdicts import ProbeEvidence, Verdict, judge_probe
-from kvdiag.vocab import EVENTS
+from kvdiag.vocab import BLOCK_EVENTS, SLOT_EVENTS
 
 MATERIAL = list(range(1000, 1000 + 5003))
 
@@ -120,7 +120,7 @@ def _evidence(**kw) -> ProbeEvidence:
 
 
 def _rows(missing: str | None = None) -> list[EventRow]:
-    return [EventRow(event=e, reached=e != missing, evidence="why", requests=3) for e in EVENTS]
+    return [EventRow(event=e, reached=e != missing, evidence="why", requests=3) for e in BLOCK_EVENTS]
 
 
 def test_a_required_event_not_reached_is_inconclusive_and_a_pass_names_what_it_covered():
@@ -136,10 +136,9 @@ def test_a_required_event_not_reached_is_inconclusive_and_a_pass_names_what_it_c
 def test_require_all_means_every_row_of_the_runs_own_table():
     """A paged engine's table and llama.cpp's have different rows: `all` asks each run for
     its own, so neither is inconclusive for the other's events, and a row not reached is."""
-    paged = [r for r in _rows() if r.event not in ("ram-cache", "slot-restore", "slot-erase")]
-    assert judge_probe(_evidence(events=paged, required=("all",))).verdict is Verdict.PASS
+    assert judge_probe(_evidence(events=_rows(), required=("all",))).verdict is Verdict.PASS
     slots = [EventRow(event=e, reached=e != "slot-restore", evidence="refused", requests=2)
-             for e in ("recycle", "ram-cache", "slot-restore", "slot-erase")]
+             for e in ("recycle", *SLOT_EVENTS)]
     judged = judge_probe(_evidence(events=slots, required=("all",)))
     assert judged.verdict is Verdict.INCONCLUSIVE and "slot-restore (refused)" in judged.reason
     assert "preemption" not in judged.reason
