@@ -10,6 +10,11 @@ slot after six long conversations, departed 0 of 8 times from their twins, as on
 build. Read from the source: before every prompt the server truncates the slot's sequence
 to its cached prefix again (server-context.cpp, "memory_seq_rm [n_past, end)"), which
 removes those cells, so the plant cannot act (docs/llamacpp.md).
+
+Another built and not kept: `--cache-reuse`'s shift over cells never removed (#12160). The
+stock build's chunk reuse itself departs from a twin computed from scratch (a shifted chunk's
+K/V were computed after a span the new prompt lacks: 1 of 6 answers decisively), so answers
+cannot tell the plant at that event (docs/llamacpp.md).
 """
 
 from __future__ import annotations
@@ -55,6 +60,33 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
         "a conversation that returns after its slot went to another, so its prompt comes back "
         "from the RAM prompt cache",
         event="ram-cache",
+    ),
+    Fault(
+        "seq-rm-keeps-cells", "a tail removal leaves its cells visible (lifecycle)",
+        "memory_seq_rm over a sequence's tail (from a position past 0) takes the cells out of "
+        "the sequence's position index but leaves them in the sequence: the next batch's "
+        "positions check out, its tokens are written to other cells at the same positions, and "
+        "its queries read both, the bytes the slot held before beside its own",
+        "src/llama-kv-cache.cpp: llama_kv_cache::seq_rm",
+        ("no single llama.cpp report: the truncation every slot reuse takes (server-context.cpp, "
+         "\"memory_seq_rm [n_past, end)\"), the path behind #27148's cleared-but-kept slot, with "
+         "the removal itself lost",),
+        (CORRUPTS_OUTPUT,),
+        "a slot whose next prompt diverges from what it held: another conversation handed the "
+        "slot, or a round whose history differs from the tokens the slot generated",
+        event="recycle",
+    ),
+    Fault(
+        "child-keeps-cells", "an n > 1 child keeps its slot's cells (lifecycle)",
+        "a request for n completions copies its cells into a slot per child without emptying "
+        "the child's sequence first: a child whose slot held another prompt reads those cells "
+        "beside the parent's",
+        "tools/server/server-context.cpp: server_slot::copy_state_to",
+        ("no single llama.cpp report: the n_cmpl path (children copied from the parent's state, "
+         "server-context.cpp) with the seq_rm every copy into a slot relies on left out",),
+        (CORRUPTS_OUTPUT,),
+        "a request for n > 1 completions whose children take slots that held other prompts",
+        event="n-children",
     ),
 )}
 

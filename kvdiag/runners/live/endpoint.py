@@ -171,6 +171,20 @@ class Endpoint(ServerIdentity):
             self.protocol.pin_slot(body, id_slot)
         return await self.generate("/v1/completions", body, cache_salt, isolated=isolated)
 
+    async def complete_n(self, token_ids: list[int], max_tokens: int, n: int, *,
+                         id_slot: int | None = None, top_logprobs: int = 5) -> list[ChatResult]:
+        """One greedy completion request for `n` completions of one prompt (OpenAI's `n`;
+        llama-server's n_cmpl runs each beyond the first in a slot of its own, copied from the
+        first's cells): every choice, by its index, each with the request's usage."""
+        body = {"model": self.model, "prompt": list(token_ids), "max_tokens": max_tokens,
+                "temperature": 0.0, "logprobs": top_logprobs, "n": n}
+        if id_slot is not None:
+            self.protocol.pin_slot(body, id_slot)
+        sent = time.time()
+        data = await self._generate("/v1/completions", "completion", None, body)
+        order = sorted(range(len(data["choices"])), key=lambda i: data["choices"][i].get("index", i))
+        return [_timed(_completion_result(data, i), sent) for i in order]
+
     def slot_action(self, slot: int, action: str, filename: str | None = None) -> dict:
         """Save, restore or erase one of the server's slots (llama.cpp's POST
         /slots/ID?action=...): its answer's fields, with ok, or ok False and the error."""
@@ -265,10 +279,11 @@ def _content_logprobs(content: list[dict]) -> dict:
             "logprobs": [c["logprob"] for c in content]}
 
 
-def _completion_result(data: dict) -> ChatResult:
-    """A completion's answer; its logprobs in the legacy shape (tokens, token_logprobs,
-    top_logprobs), or in the chat shape, as llama-server gives them for a completion too."""
-    choice = data["choices"][0]
+def _completion_result(data: dict, i: int = 0) -> ChatResult:
+    """A completion's answer (choice `i`); its logprobs in the legacy shape (tokens,
+    token_logprobs, top_logprobs), or in the chat shape, as llama-server gives them for a
+    completion too."""
+    choice = data["choices"][i]
     lp = choice.get("logprobs") or {}
     if "content" in lp:
         return ChatResult(text=choice.get("text") or "", **_content_logprobs(lp["content"] or []),

@@ -19,6 +19,12 @@ checked against its isolated twin (`cache_prompt: false`) with the isolated phas
                                                                     serves B from A's cells);
                                                                     A reads the restored cells
     erase     the slot erased, then A again                         slot-erase
+    children  for B and the next two conversations (P): every       n-children: every child's
+              slot but 0 given a prompt of another conversation     slot copies P's cells over
+              at once, the longest that ends (with its answer)      a shorter prompt's (a child
+              before P does; then P asking for one completion per   that keeps those answers P
+              slot (n), on slot 0: its children take those slots,   from both, nearest its
+              each answer judged against P's twin                   question)
 
 Every prompt is one of the suite's own, so its answer is read from its conversation (a window
 cut anywhere is answered from its last few tokens, and a flat next-token distribution would
@@ -37,7 +43,13 @@ from collections.abc import Callable
 from kvdiag.runners.live.lifeplan import ANSWER, LIFE, LifePlan, LifeRequest
 
 ROUNDS = 3  # rounds of each rotating conversation, before the pinned one
+PARENTS = 3  # requests for n completions the children group sends (a last question is often a
+# near-tie at its first tokens, where a child's change is numerics: more parents, more chances)
 PINNED = 0  # the slot the restore and erase groups pin their requests to
+
+
+def life_group(requests, name: str) -> list[LifeRequest]:
+    return [q for q in requests if q.group == name]
 
 
 def plan_slots(sessions: list[list[list[int]]], slots: int | None) -> LifePlan:
@@ -73,8 +85,26 @@ def plan_slots(sessions: list[list[list[int]]], slots: int | None) -> LifePlan:
         add("restore", b, "restore-b", b1)
         a2 = add("restore", a, "restore-a", a1)
         add("erase", a, "restore-a", a2)
+        if not slots or slots < 2:
+            skipped["children"] = "the server has one slot (or does not say): no child has a slot of its own"
+        else:
+            for p in sorted({(1 + i) % len(sessions) for i in range(PARENTS)}):
+                parent = sessions[p][-1]
+                # prompts that end, with their answers, before the parent does (one that ran
+                # past it would put a cell where the parent's next token goes, which llama.cpp's
+                # batch check refuses: loud), the longest, so their cells lie near its question
+                fits = sorted({tuple(x) for c, s in enumerate(sessions) if c != p for x in s
+                               if len(x) + ANSWER < len(parent)}, key=lambda x: (-len(x), x))
+                if len(fits) < slots - 1:
+                    continue
+                for k, held in enumerate(fits[:slots - 1]):
+                    add("children", held, f"children-{p}-held-{k + 1}")
+                for c in range(slots):  # the parent's n completions, one stored per choice
+                    add("children", parent, f"children-{p}-{c}")
+            if not life_group(requests, "children"):
+                skipped["children"] = f"the suite has too few prompts shorter than its last ones to hold {slots - 1} slots"
     else:
-        skipped["restore"] = skipped["erase"] = "the suite has fewer than 2 conversations"
+        skipped["restore"] = skipped["erase"] = skipped["children"] = "the suite has fewer than 2 conversations"
     return LifePlan(tuple(requests), skipped, {"slots": slots, "pinned_slot": PINNED,
                                                 "rounds": rounds}, kind="slots")
 
@@ -104,6 +134,32 @@ async def slots_phase(endpoint, life: LifePlan, store, tick: Callable[[], None],
     slots = life.sizing.get("slots") or 1
     for c, q in enumerate(life.group("pinned")):
         await one(q, c % slots)
+    await _restore_and_erase(life, store, one, act)
+    answered = observed.setdefault("children_answered", [])
+    for held, children in children_sets(life):
+        if all((LIFE, q.j, 0) in store.done for q in children):
+            continue
+        # every other slot holds a shorter prompt, all sent at once: a task that starts
+        # while a slot is idle empties it (idle-slot caching), one still running is kept
+        await asyncio.gather(*(one(q, k + 1) for k, q in enumerate(held)))
+        answers = await endpoint.complete_n(list(children[0].ids), children[0].max_tokens,
+                                            len(children), id_slot=PINNED)
+        answered.append(len(answers))
+        for q, res in zip(children, answers):
+            store.add(LIFE, q.j, 0, res, group=q.group, salt=q.salt, slot=PINNED)
+            tick()
+
+
+def children_sets(life: LifePlan) -> list[tuple[list[LifeRequest], list[LifeRequest]]]:
+    """The children group's (held, children) per parent, in the plan's order."""
+    sets: dict[str, tuple[list, list]] = {}
+    for q in life.group("children"):
+        parent = q.salt.split("-")[1]
+        sets.setdefault(parent, ([], []))[1 if "held" not in q.salt else 0].append(q)
+    return list(sets.values())
+
+
+async def _restore_and_erase(life: LifePlan, store, one, act) -> None:
     restore = life.group("restore")
     if not restore or all((LIFE, q.j, 0) in store.done for q in restore + life.group("erase")):
         return
@@ -127,9 +183,9 @@ def coverage_rows(by_group: dict[str, list[dict]], life: LifePlan, observed: dic
     if "restore" in life.skipped:
         why = f"not driven: {life.skipped['restore']}"
         return [_ram_cache(by_group, life, row), row("slot-restore", False, why, 0),
-                row("slot-erase", False, why, 0)]
+                row("slot-erase", False, why, 0), _children(by_group, life, observed, row)]
     return [_ram_cache(by_group, life, row), _restore(by_group, observed, row),
-            _erase(by_group, observed, row)]
+            _erase(by_group, observed, row), _children(by_group, life, observed, row)]
 
 
 def _ram_cache(by_group: dict, life: LifePlan, row) -> dict:
@@ -195,3 +251,23 @@ def _erase(by_group: dict, observed: dict, row) -> dict:
     ok = erased[0].get("ok") and bool(rows)
     return row("slot-erase", ok, f"slot {PINNED} erased ({erased[0].get('n_erased', erased[0].get('error'))}"
                f"), then A asked again: {[r.get('cached_tokens') for r in rows]} cached tokens", len(rows))
+
+
+def _children(by_group: dict, life: LifePlan, observed: dict, row) -> dict:
+    """Reached where B's request for n completions answered n: its n - 1 children ran in the
+    other slots (llama-server takes such a request only with n slots free), one of which
+    held the shorter prompt S just before."""
+    if "children" in life.skipped:
+        return row("n-children", False, f"not driven: {life.skipped['children']}", 0)
+    sets = children_sets(life)
+    rows = by_group.get("children", [])
+    answered = observed.get("children_answered") or []
+    if not sets or not answered:
+        return row("n-children", False, "not driven: no request for n completions was sent", len(rows))
+    n = len(sets[0][1])
+    full = [a for a in answered if a == n > 1]
+    return row("n-children", bool(full),
+               f"{len(answered)} requests for {n} completions on slot {PINNED}, each after the other slots "
+               f"were given prompts of other conversations ending before it: {len(full)} answered all {n}, "
+               f"{sum(a - 1 for a in full)} answers by children continuing from its cells copied into "
+               "those slots", len(rows), {"children": sum(a - 1 for a in full)})

@@ -151,10 +151,14 @@ def test_a_prefix_match_one_token_too_long_fails_by_over_hits(gguf, tmp_path):
     assert "b11434-fault-prefix-overrun@llamacpp-local:prefix-overrun" in summary["signature"]
 
 
-GROUP_OF = {"slot-restore": "restore", "ram-cache": "rotate"}  # slotlife.py's groups
+# where each event's corruption shows: the slot phase's group that drives it (slotlife.py),
+# or, for a slot's recycling, the suite's own rounds
+WHERE_OF = {"slot-restore": "lifecycle restore", "ram-cache": "lifecycle rotate", "recycle": "rounds",
+            "n-children": "lifecycle children"}
 
 
-@pytest.mark.parametrize("fault", ["restore-keeps-tokens", "state-tail-dropped"])
+@pytest.mark.parametrize("fault", ["restore-keeps-tokens", "state-tail-dropped", "seq-rm-keeps-cells",
+                                   "child-keeps-cells"])
 def test_a_lifecycle_plant_fails_by_its_answers_at_its_event(gguf, tmp_path, fault):
     """The right key over the wrong bytes: every hit stays within the over-hit bound (the
     tokens were sent before), so only the answers against their isolated twins show it, at
@@ -170,8 +174,8 @@ def test_a_lifecycle_plant_fails_by_its_answers_at_its_event(gguf, tmp_path, fau
                                             "corrupted": summary["corrupted_requests"]}))
     assert run.returncode == 1 and summary["verdict"] == "fail", summary["reason"]
     assert summary["key_coverage"]["oracle"]["over_hits"] == 0
-    # caught in the lifecycle group that drives the plant's event
-    assert f"lifecycle {GROUP_OF[event]}" in where, where
+    # caught where the plant's event is driven
+    assert WHERE_OF[event] in where, where
     assert f"b11434-fault-{fault}@llamacpp-local:{fault}" in summary["signature"]
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from kvdiag.runners.live.events import _row
-from kvdiag.runners.live.lifeplan import LifePlan, LifeRequest
-from kvdiag.runners.live.slotlife import coverage_rows, plan_slots
+from kvdiag.runners.live.lifeplan import ANSWER, LifePlan, LifeRequest
+from kvdiag.runners.live.slotlife import PARENTS, children_sets, coverage_rows, plan_slots
 from kvdiag.vocab import SLOT_EVENTS
 
 
@@ -85,7 +85,8 @@ def test_a_refused_save_says_the_server_needs_a_slot_save_path():
     by_group = _stored(plan, {})
     by_group["restore"] = by_group["restore"][:1]  # A was answered, then nothing more was sent
     del by_group["erase"]
-    _, restore, erase = coverage_rows(by_group, plan, observed, _row)
+    _, restore, erase, children = coverage_rows(by_group, plan, observed, _row)
+    assert not children["reached"] and "not driven" in children["evidence"]
     assert not restore["reached"] and "--slot-save-path" in restore["evidence"] and "501" in restore["evidence"]
     assert not erase["reached"]
 
@@ -97,10 +98,38 @@ def test_the_restore_row_counts_the_restores_and_what_was_asked_after_them():
                                  {"action": "restore", "ok": True, "n_restored": 200},
                                  {"action": "restore", "ok": True, "n_restored": 200},
                                  {"action": "erase", "ok": True, "n_erased": 250}]}
-    _, restore, erase = coverage_rows(_stored(plan, {a2.j: 200}), plan, observed, _row)
+    _, restore, erase, _ = coverage_rows(_stored(plan, {a2.j: 200}), plan, observed, _row)
     assert restore["reached"] and restore["server"] == {"restores": 2, "restored_tokens": 200}
     assert "[0, 200] cached" in restore["evidence"]
     assert erase["reached"] and "(250)" in erase["evidence"]
     one = {"slot_actions": observed["slot_actions"][:2]}  # the second restore refused: not reached
     one["slot_actions"].append({"action": "restore", "ok": False, "error": "HTTP 400"})
     assert not coverage_rows(_stored(plan, {}), plan, one, _row)[1]["reached"]
+
+
+def test_the_children_group_fills_the_other_slots_then_asks_for_one_answer_per_slot():
+    """For each of up to PARENTS conversations (B first): every slot but 0 holds another
+    conversation's prompt, the longest that ends with its answer before the parent does
+    (past it, llama.cpp's batch check would refuse the child: loud), then the parent asks
+    for one completion per slot."""
+    sessions = _sessions()
+    plan = plan_slots(sessions, 4)
+    sets = children_sets(plan)
+    assert len(sets) == PARENTS and len(plan.group("children")) == PARENTS * (3 + 4)
+    for p, (held, children) in zip(range(1, PARENTS + 1), sets):
+        parent = tuple(sessions[p][-1])
+        assert len(held) == 3 and len(children) == 4 and all(q.ids == parent for q in children)
+        others = {tuple(x) for c, s in enumerate(sessions) if c != p for x in s}
+        fits = [x for x in others if len(x) + ANSWER < len(parent)]
+        assert all(q.ids in others and len(q.ids) + ANSWER < len(parent) for q in held)
+        assert sorted(len(q.ids) for q in held) == sorted(len(x) for x in fits)[-3:]  # the longest
+    row = coverage_rows(_stored(plan, {}), plan, {"children_answered": [4, 1, 4]}, _row)[3]
+    assert row["event"] == "n-children" and row["reached"] and row["server"] == {"children": 6}
+    assert "2 answered all 4" in row["evidence"]
+    one = coverage_rows(_stored(plan, {}), plan, {"children_answered": [1, 1, 1]}, _row)[3]
+    assert not one["reached"]  # n asked, one answered: no child ran
+    alone = plan_slots(sessions, 1)
+    assert not alone.group("children") and "one slot" in alone.skipped["children"]
+    assert not coverage_rows({}, alone, {}, _row)[3]["reached"]
+    crowded = plan_slots(sessions, 40)  # more slots than the suite has shorter prompts for
+    assert "to hold 39 slots" in crowded.skipped["children"]
