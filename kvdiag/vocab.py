@@ -32,7 +32,7 @@ EVENTS = {
                     "for what it held before the restore and for what was restored",
     "slot-erase": "a slot erased between a conversation's rounds, then the conversation continued",
     "n-children": "a request for n > 1 completions, whose children continue from its cells copied "
-                  "into other slots, one of which held a shorter prompt before",
+                  "into other slots, which held shorter prompts before",
 }
 SLOT_EVENTS = ("ram-cache", "slot-restore", "slot-erase", "n-children")  # an engine of slots' rows, recycle beside them
 BLOCK_EVENTS = tuple(e for e in EVENTS if e not in SLOT_EVENTS)  # a paged engine's rows

@@ -165,10 +165,9 @@ class Endpoint(ServerIdentity):
         logprobs): the differential and lifecycle phases' requests, free of any chat
         template. `ignore_eos`: decode all `max_tokens` (an extra parameter vLLM, SGLang and
         llama.cpp take); `id_slot`: the slot it must run on, where the server has slots."""
-        body = {"model": model or self.model, "prompt": list(token_ids), "max_tokens": max_tokens,
-                "temperature": 0.0, "logprobs": top_logprobs} | ({"ignore_eos": True} if ignore_eos else {})
-        if id_slot is not None:
-            self.protocol.pin_slot(body, id_slot)
+        body = self._completion_body(token_ids, max_tokens, top_logprobs, model, id_slot)
+        if ignore_eos:
+            body["ignore_eos"] = True
         return await self.generate("/v1/completions", body, cache_salt, isolated=isolated)
 
     async def complete_n(self, token_ids: list[int], max_tokens: int, n: int, *,
@@ -176,14 +175,20 @@ class Endpoint(ServerIdentity):
         """One greedy completion request for `n` completions of one prompt (OpenAI's `n`;
         llama-server's n_cmpl runs each beyond the first in a slot of its own, copied from the
         first's cells): every choice, by its index, each with the request's usage."""
-        body = {"model": self.model, "prompt": list(token_ids), "max_tokens": max_tokens,
-                "temperature": 0.0, "logprobs": top_logprobs, "n": n}
-        if id_slot is not None:
-            self.protocol.pin_slot(body, id_slot)
+        body = self._completion_body(token_ids, max_tokens, top_logprobs, None, id_slot) | {"n": n}
         sent = time.time()
         data = await self._generate("/v1/completions", "completion", None, body)
         order = sorted(range(len(data["choices"])), key=lambda i: data["choices"][i].get("index", i))
         return [_timed(_completion_result(data, i), sent) for i in order]
+
+    def _completion_body(self, token_ids: list[int], max_tokens: int, top_logprobs: int,
+                         model: str | None, id_slot: int | None) -> dict:
+        """A greedy /v1/completions body for a prompt of token ids, pinned to `id_slot` where given."""
+        body = {"model": model or self.model, "prompt": list(token_ids), "max_tokens": max_tokens,
+                "temperature": 0.0, "logprobs": top_logprobs}
+        if id_slot is not None:
+            self.protocol.pin_slot(body, id_slot)
+        return body
 
     def slot_action(self, slot: int, action: str, filename: str | None = None) -> dict:
         """Save, restore or erase one of the server's slots (llama.cpp's POST

@@ -48,10 +48,6 @@ PARENTS = 3  # requests for n completions the children group sends (a last quest
 PINNED = 0  # the slot the restore and erase groups pin their requests to
 
 
-def life_group(requests, name: str) -> list[LifeRequest]:
-    return [q for q in requests if q.group == name]
-
-
 def plan_slots(sessions: list[list[list[int]]], slots: int | None) -> LifePlan:
     """The phase's requests for a server of `slots` slots (its /props total_slots; None: not
     reported), from the suite's own conversations (`sessions`: each one's prompts as token
@@ -101,7 +97,7 @@ def plan_slots(sessions: list[list[list[int]]], slots: int | None) -> LifePlan:
                     add("children", held, f"children-{p}-held-{k + 1}")
                 for c in range(slots):  # the parent's n completions, one stored per choice
                     add("children", parent, f"children-{p}-{c}")
-            if not life_group(requests, "children"):
+            if not any(q.group == "children" for q in requests):
                 skipped["children"] = f"the suite has too few prompts shorter than its last ones to hold {slots - 1} slots"
     else:
         skipped["restore"] = skipped["erase"] = skipped["children"] = "the suite has fewer than 2 conversations"
@@ -254,9 +250,9 @@ def _erase(by_group: dict, observed: dict, row) -> dict:
 
 
 def _children(by_group: dict, life: LifePlan, observed: dict, row) -> dict:
-    """Reached where B's request for n completions answered n: its n - 1 children ran in the
-    other slots (llama-server takes such a request only with n slots free), one of which
-    held the shorter prompt S just before."""
+    """Reached where a parent's request for n completions answered n: its n - 1 children ran
+    in the other slots (llama-server takes such a request only with n slots free), which held
+    shorter prompts of other conversations just before."""
     if "children" in life.skipped:
         return row("n-children", False, f"not driven: {life.skipped['children']}", 0)
     sets = children_sets(life)
