@@ -252,7 +252,7 @@ LLAMACPP_URL := https://files.pythonhosted.org/packages/19/81/707dfe93d705af576e
 LLAMACPP_SHA256 := b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
 LLAMACPP_SERVER := $(LLAMACPP_DIR)/build/bin/llama-server
 
-.PHONY: llamacpp-env test-llamacpp-live
+.PHONY: llamacpp-src llamacpp-env test-llamacpp-live test-llamacpp-live-core test-llamacpp-live-plants
 $(LLAMACPP_DIR)/src/.unpacked:
 	mkdir -p $(LLAMACPP_DIR)/src
 	test -f $(LLAMACPP_DIR)/$(LLAMACPP_SDIST) || curl -fsSL -o $(LLAMACPP_DIR)/$(LLAMACPP_SDIST) $(LLAMACPP_URL)
@@ -267,11 +267,20 @@ $(LLAMACPP_SERVER): $(LLAMACPP_DIR)/src/.unpacked
 	    -DLLAMA_BUILD_NUMBER=11434 -DLLAMA_BUILD_COMMIT=sdist >/dev/null
 	cmake --build $(LLAMACPP_DIR)/build --target llama-server -j2
 
+llamacpp-src: $(LLAMACPP_DIR)/src/.unpacked  # the tree alone: what a planted fault is built from
 llamacpp-env: $(LLAMACPP_SERVER)
 
-# Real llama-server in the loop (tests/kvdiag/engines/test_llamacpp_live.py, all slow): the
-# stock build probed on SmolLM2 (its GGUF from `make real-model`), each patched fault (its
-# binary built from the patch on first use: the first about 10 min cold, then a recompile of
-# the files it touches), a GGUF that does not load. A CI rotation slot of its own.
-test-llamacpp-live: setup llamacpp-env real-model
-	$(PY) -m pytest -m llamacpp_live tests/kvdiag/engines/test_llamacpp_live.py
+# Real llama-server in the loop on SmolLM2 (its GGUF from `make real-model`), all slow, in two
+# CI rotation slots, each under one cold build of about 10 min on 2 cores:
+#   core    tests/kvdiag/engines/test_llamacpp_live.py: the stock build in its configuration
+#           rows, the chunk bound, the upstream fixes (a patched binary), a GGUF that fails
+#   plants  tests/kvdiag/engines/test_llamacpp_plants_live.py: each planted fault, its binary
+#           built from the tree on first use (the first about 10 min cold, then a recompile
+#           of the files its patch touches); no stock build needed
+# KVDIAG_LLAMACPP_DIR tells kvdiag where LLAMACPP_DIR is.
+LLAMACPP_TESTS = KVDIAG_LLAMACPP_DIR=$(LLAMACPP_DIR) $(PY) -m pytest -m llamacpp_live
+test-llamacpp-live-core: setup llamacpp-env real-model
+	$(LLAMACPP_TESTS) tests/kvdiag/engines/test_llamacpp_live.py
+test-llamacpp-live-plants: setup llamacpp-src real-model
+	$(LLAMACPP_TESTS) tests/kvdiag/engines/test_llamacpp_plants_live.py
+test-llamacpp-live: test-llamacpp-live-core test-llamacpp-live-plants

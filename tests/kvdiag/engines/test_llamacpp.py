@@ -98,9 +98,32 @@ def test_a_file_put_back_after_a_patch_is_newer_than_what_the_patch_built(tmp_pa
     assert (tree / "src" / "kv.cpp").stat().st_mtime > built.stat().st_mtime
 
 
+def test_the_tree_alone_is_enough_for_a_planted_fault_and_not_for_the_stock_target(tmp_path, monkeypatch):
+    """A run of planted faults builds each binary from the sdist's tree (make llamacpp-src),
+    so the engine counts as there with the tree; the stock target still asks for its build."""
+    from kvdiag.engines.llamacpp.launcher import LlamacppLocal
+
+    monkeypatch.setenv("KVDIAG_LLAMACPP_DIR", str(tmp_path))
+    monkeypatch.setenv("KVDIAG_LLAMACPP_SERVER", str(tmp_path / "build" / "bin" / "llama-server"))
+    with pytest.raises(KvdiagError, match="make llamacpp-env"):
+        build.installed()
+    tree = tmp_path / "src" / "llama.cpp"
+    tree.mkdir(parents=True)
+    (tree / "CMakeLists.txt").write_text("project(llama.cpp)\n")
+    assert build.installed() == tree and LlamacppLocal.find_python() == str(tree)
+    with pytest.raises(KvdiagError, match="make llamacpp-env"):
+        LlamacppLocal(tmp_path / "m.gguf")
+    server = tmp_path / "build" / "bin" / "llama-server"
+    server.parent.mkdir(parents=True)
+    server.write_text("#!/bin/sh\n")
+    server.chmod(0o755)
+    assert build.installed() == server  # the stock build first, where there is one
+
+
 @pytest.mark.e2e  # a CLI subprocess
 def test_no_build_names_the_make_target_and_exits_2(tmp_path):
-    env = {"KVDIAG_LLAMACPP_SERVER": str(tmp_path / "llama-server"), "PATH": "/usr/bin:/bin"}
+    env = {"KVDIAG_LLAMACPP_SERVER": str(tmp_path / "llama-server"), "PATH": "/usr/bin:/bin",
+           "KVDIAG_LLAMACPP_DIR": str(tmp_path / "none")}
     run = subprocess.run([sys.executable, "-m", "kvdiag", "probe", "--target", "llamacpp-local",
                           "--suite", "natural", "--out", str(tmp_path / "p")],
                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)

@@ -1,69 +1,41 @@
 """Real llama.cpp in the loop: llama-server b11434 built from the pinned sdist (`make
 llamacpp-env`) serving SmolLM2-135M-Instruct's GGUF (`make real-model`), probed in natural
-style by `--target llamacpp-local[:FAULT]`:
+style by `--target llamacpp-local[:FIX]`:
 
 - the stock build in its default configuration passes: its isolated twins (cache_prompt:
   false) report 0 cached tokens, the over-hit oracle holds every reported hit within what
   the requests before it allow (one namespace: llama.cpp keys its cache by tokens only), and
   no decisive answer changed; so does it with two slots, and without the RAM prompt cache;
 - its coverage table's rows (slots handed over, the RAM prompt cache, slot save, restore and
-  erase) are all reached by the default probe;
-- a fault planted by a source patch FAILs, exit 1, and the verdict names its binary's fault:
-  the key-coverage plant by over-hits, each lifecycle plant by its answers at its event;
+  erase, n > 1 children) are all reached by the default probe;
+- the chunk bound of --cache-reuse holds on the healthy server before it is trusted;
+- the upstream fixes pass, their pinned requests restored from the RAM cache;
 - a GGUF that does not load is exit 2 with llama.cpp's own error line.
 
-Skipped without the build or the package; a CI rotation slot of its own (make
-test-llamacpp-live)."""
+The planted faults are in test_llamacpp_plants_live.py. Skipped without the build or the
+package; a CI rotation slot of its own (make test-llamacpp-live-core)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from kvdiag.engines.llamacpp.build import stock_server
-from kvdiag.errors import KvdiagError
 from kvdiag.vocab import SLOT_EVENTS
+from tests.kvdiag.engines.llamacpp_live import MARKS, gguf_or_skip, probe
 
-
-def _built() -> bool:
-    try:
-        stock_server()
-    except KvdiagError:
-        return False
-    return True
-
-
-pytestmark = [pytest.mark.slow, pytest.mark.llamacpp_live,
-              pytest.mark.skipif(not _built(), reason="no llama-server: make llamacpp-env")]
+pytestmark = MARKS
 
 
 @pytest.fixture(scope="module")
 def gguf():
-    from kvdiag.models.gguf_import import packaged_gguf
-
-    try:
-        return packaged_gguf()
-    except KvdiagError as e:
-        pytest.skip(f"{e} (make real-model)")
-
-
-def _probe(target: str, out, *extra: str) -> tuple[subprocess.CompletedProcess, dict | None]:
-    run = subprocess.run([sys.executable, "-m", "kvdiag", "probe", "--target", target,
-                          "--suite", "natural", "--out", str(out), "--json", *extra],
-                         capture_output=True, text=True, timeout=1800)
-    try:
-        return run, json.loads(run.stdout)
-    except json.JSONDecodeError:
-        return run, None
+    return gguf_or_skip()
 
 
 def test_the_stock_build_passes_in_its_default_configuration(gguf, tmp_path):
     """With every row of its coverage table reached (--require all): slots handed over, prompts
     back from the RAM cache, a slot saved, restored and erased between rounds."""
-    run, summary = _probe("llamacpp-local", tmp_path / "p", "--require", "all")
+    run, summary = probe("llamacpp-local", tmp_path / "p", "--require", "all")
     assert run.returncode == 0 and summary is not None, run.stderr[-3000:]
     assert summary["verdict"] == "pass" and summary["isolation"] == "cache_prompt", summary["reason"]
     assert summary["corrupted_requests"] == 0
@@ -82,7 +54,7 @@ def test_the_stock_build_passes_in_its_default_configuration(gguf, tmp_path):
 def test_the_stock_build_passes_in_other_configuration_rows(gguf, tmp_path, row):
     """Two slots (each conversation's prompt moves through fewer slots), and no RAM prompt
     cache (a hit only from a slot's own tokens): the row is recorded with the run."""
-    run, summary = _probe("llamacpp-local", tmp_path / "p", f"--engine-arg={row}")
+    run, summary = probe("llamacpp-local", tmp_path / "p", f"--engine-arg={row}")
     assert run.returncode == 0 and summary is not None, run.stderr[-3000:]
     assert summary["verdict"] == "pass", summary["reason"]
     assert summary["server"]["engine_args"] == row.split()
@@ -143,48 +115,12 @@ def test_chunks_shifted_past_a_trimmed_history_hold_against_the_chunk_bound(gguf
     assert not [r for r in off["rows"] if over_hit(r[1], r[2])], off["rows"]
 
 
-def test_a_prefix_match_one_token_too_long_fails_by_over_hits(gguf, tmp_path):
-    run, summary = _probe("llamacpp-local:prefix-overrun", tmp_path / "p")
-    assert run.returncode == 1 and summary is not None, run.stderr[-3000:]
-    assert summary["verdict"] == "fail"
-    assert summary["key_coverage"]["oracle"]["over_hits"] > 0, summary["key_coverage"]["oracle"]
-    assert "b11434-fault-prefix-overrun@llamacpp-local:prefix-overrun" in summary["signature"]
-
-
-# where each event's corruption shows: the slot phase's group that drives it (slotlife.py),
-# or, for a slot's recycling, the suite's own rounds
-WHERE_OF = {"slot-restore": "lifecycle restore", "ram-cache": "lifecycle rotate", "recycle": "rounds",
-            "n-children": "lifecycle children"}
-
-
-@pytest.mark.parametrize("fault", ["restore-keeps-tokens", "state-tail-dropped", "seq-rm-keeps-cells",
-                                   "child-keeps-cells"])
-def test_a_lifecycle_plant_fails_by_its_answers_at_its_event(gguf, tmp_path, fault):
-    """The right key over the wrong bytes: every hit stays within the over-hit bound (the
-    tokens were sent before), so only the answers against their isolated twins show it, at
-    the event the plant lives at, which the run reached."""
-    from kvdiag.engines.llamacpp.faults import FAULTS
-
-    run, summary = _probe(f"llamacpp-local:{fault}", tmp_path / "p")
-    assert summary is not None, run.stderr[-3000:]
-    event = FAULTS[fault].event
-    assert {r["event"]: r["reached"] for r in summary["events"]}[event], summary["events"]
-    where = summary.get("corruption_where") or ""
-    print("LLAMACPP-LIFECYCLE", json.dumps({"fault": fault, "exit": run.returncode, "where": where,
-                                            "corrupted": summary["corrupted_requests"]}))
-    assert run.returncode == 1 and summary["verdict"] == "fail", summary["reason"]
-    assert summary["key_coverage"]["oracle"]["over_hits"] == 0
-    # caught where the plant's event is driven
-    assert WHERE_OF[event] in where, where
-    assert f"b11434-fault-{fault}@llamacpp-local:{fault}" in summary["signature"]
-
-
 def test_the_upstream_fixes_pass_and_their_pinned_requests_hit_the_ram_cache(gguf, tmp_path):
     """PR #27624 and PR #28992 written into b11434 (fixes/upstream-fixes.patch): the build
     passes with every row reached, and a request pinned to a slot that idle-slot caching
     emptied now looks the RAM prompt cache up (the stock build divides 0 by 0 there and skips
     it: #28139, an under-hit, which no verdict calls corruption)."""
-    run, summary = _probe("llamacpp-local:upstream-fixes", tmp_path / "p", "--require", "all")
+    run, summary = probe("llamacpp-local:upstream-fixes", tmp_path / "p", "--require", "all")
     assert run.returncode == 0 and summary is not None, run.stderr[-3000:]
     assert summary["verdict"] == "pass" and summary["key_coverage"]["oracle"]["over_hits"] == 0
     ram = {r["event"]: r for r in summary["events"]}["ram-cache"]
@@ -196,6 +132,6 @@ def test_the_upstream_fixes_pass_and_their_pinned_requests_hit_the_ram_cache(ggu
 def test_a_gguf_that_does_not_load_is_exit_2_with_llamacpps_error(gguf, tmp_path):
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(gguf.read_bytes()[:4096])  # the header, cut short
-    run, _ = _probe("llamacpp-local", tmp_path / "p", "--model", str(bad))
+    run, _ = probe("llamacpp-local", tmp_path / "p", "--model", str(bad))
     assert run.returncode == 2, run.stderr[-2000:]
     assert "llama.cpp exited" in run.stderr and ("error" in run.stderr.lower() or "failed" in run.stderr.lower())
