@@ -131,16 +131,25 @@ def live_row(engine: EngineSpec, name: str, fault: Fault | None, suite: str, cas
     s = result.summary
     probe = s if isinstance(s, ProbeSummary) else None  # else the isolation audit's
     firsts = (probe.first_divergences or []) if probe else []
-    over = probe.key_coverage.oracle.examples if probe else []
-    # the request (in landing order) of the first detection, by any channel
-    landed = [f.index for f in firsts] + [e.index for e in over]
-    landed = [i for i in landed if i is not None]
+    landed = _landed(probe) if probe else []
     return row(name, fault, "live", result.verdict, s.reason, time.perf_counter() - t0,
                corrupted=probe.corrupted_requests if probe else None,
                first_round=firsts[0].round if firsts else None,
                requests_to_first=min(landed) + 1 if landed else None,
                numerics=probe.numerics_requests if probe else None, run_dir=str(result.run_dir),
                caught_by=_live_channels(s))
+
+
+def _landed(probe: ProbeSummary) -> list[int]:
+    """When each detection's request landed among the run's requests, by any channel: a
+    corrupted shared answer, an over-hit, a lifecycle answer the judge labelled corruption,
+    a sentinel finding (its reader, where that is one of the run's requests)."""
+    life = probe.lifecycle.divergences if probe.lifecycle else []
+    found = probe.sentinel.findings if probe.sentinel else []
+    landed = ([f.index for f in probe.first_divergences or []]
+              + [e.index for e in probe.key_coverage.oracle.examples]
+              + [q.index for q in life if q.label == "corruption"] + [f.index for f in found])
+    return [i for i in landed if i is not None]
 
 
 def _live_channels(s: ProbeSummary | IsolationSummary) -> str:

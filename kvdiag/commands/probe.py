@@ -104,11 +104,15 @@ def evidence(run: ProbeRun) -> ProbeEvidence:
 def judge(run: ProbeRun) -> Judgement:
     """judge_probe's verdict, its labels written into the run first to last: the prompt
     logprobs' departures, then each departed answer's class (the frame's classification, the
-    first divergences, the by-request windows), so every count the run reports follows the
-    judge's one labelling."""
+    first divergences, the by-request windows, the lifecycle requests' classes), so every
+    count the run reports follows the judge's one labelling."""
     run.prompt_logprobs = prompt_logprob_departures(run.prompt_logprobs, run.noise_floor.numerics_margin)
     verdict = judge_probe(evidence(run))
-    run.label(verdict.details.labels[:len(run.departed)])
+    labels = verdict.details.labels
+    run.label(labels[:len(run.departed)])
+    life = [q for q in run.lifecycle.divergences if q.margin == q.margin]  # evidence()'s last ones
+    for q, label in zip(life, labels[len(labels) - len(life):]):
+        q.label = label
     return verdict
 
 

@@ -201,7 +201,9 @@ class KeyCoverage(Block):
 
 class LifeDivergence(Block):
     """A lifecycle request against its isolated twin: where it first departed (None: it did
-    not) and by what margin (NaN: no departure)."""
+    not), by what margin (NaN: no departure), when it landed among the run's requests
+    (`index`), and the judge's class of its departure (`label`: kvdiag.verdicts, written
+    back by the probe's judge; None where it did not depart)."""
 
     request: int = 0
     group: str | None = None
@@ -209,6 +211,8 @@ class LifeDivergence(Block):
     margin: float = float("nan")
     cached_tokens: int | None = None
     prompt_tokens: int | None = None
+    index: int | None = None
+    label: str | None = None
 
 
 class Lifecycle(Block):

@@ -16,6 +16,8 @@ class SentinelFinding(BaseModel):
     step: int
     request: str = Field(description="the engine's request id")
     where: str | None = Field(None, description="the run's request it is: phase, session, round")
+    index: int | None = Field(None, description="when that request landed among the run's "
+                              "requests (rounds.jsonl's index; None: not one of the run's)")
     positions: list[list[int]] = Field(description="[start, end) ranges read wrong (the first 8)")
     count: int
     context_len: int

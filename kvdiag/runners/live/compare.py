@@ -124,7 +124,8 @@ def lifecycle_divergences(store: RoundStore) -> list[LifeDivergence]:
         i = divergence(row["tokens"], iso["tokens"])
         out.append(LifeDivergence(request=j, group=row.get("group"), first_divergence=i,
                                   margin=margin_at(iso, row["tokens"], i) if i is not None else math.nan,
-                                  cached_tokens=row.get("cached_tokens"), prompt_tokens=row.get("prompt_tokens")))
+                                  cached_tokens=row.get("cached_tokens"), prompt_tokens=row.get("prompt_tokens"),
+                                  index=row.get("index")))
     return out
 
 

@@ -57,7 +57,8 @@ def observe(source: str | Path, since: int = 0, store=None,
         writers = row.get("writers", [])
         findings.append(SentinelFinding(
             **{k: row[k] for k in ("kind", "step", "request", "positions", "count", "context_len")},
-            where=_label(key), writers=writers,
+            where=_label(key), index=None if key is None else store.done[key].get("index"),
+            writers=writers,
             writers_where=[_label(_where(w, names)) for w in writers],
             context=row.get("context", []), writer_context=row.get("writer_context", [])))
         if key is None or row["kind"] == "overwrite":

@@ -61,6 +61,10 @@ def test_the_differential_phase_catches_the_key_coverage_family(tmp_path, alloca
     assert summary["verdict"] == "fail" and "; over-hit: " in summary["reason"]
     assert summary["reason"].startswith("sentinel: ") and sentinel["foreign"] > 0
     assert all(f["where"].startswith("diff session") for f in sentinel["findings"] if f["where"])
+    # each finding's reader placed where it landed (detect's "to first"), its row in rounds.jsonl
+    rows = [json.loads(line) for line in (tmp_path / "d" / "rounds.jsonl").read_text().splitlines()]
+    landed = {r["index"]: f"{r['phase']} session {r['session']} round {r['round']}" for r in rows}
+    assert all(landed[f["index"]] == f["where"] for f in sentinel["findings"] if f["where"])
     first = oracle["examples"][0]
     assert first["cached"] > first["bound"]
     # every over-hit is a differential pair whose tokens part from all earlier ones inside the
