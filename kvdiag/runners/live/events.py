@@ -70,14 +70,16 @@ def _early_free(store, recycling: Recycling) -> dict:
 
 def _preemption(by_group: dict, before: dict, after: dict, skipped: dict) -> dict:
     n = _delta(PREEMPTIONS, before, after)
-    exposed = sum(len(by_group.get(g, [])) for g in ("flood", "return", "follow"))
+    exposed = sum(len(by_group.get(g, [])) for g in ("flood", "reflood", "return", "follow"))
     if "flood" in skipped and not n:
         return _row("preemption", False, f"not driven: {skipped['flood']}", 0)
     if n is None:
         return _row("preemption", False, "unknown: the server reports no preemption or retraction "
                     "counter", exposed)
-    return _row("preemption", n > 0, f"{n:g} preemptions (or retractions) reported by the server",
-                exposed, {"preemptions": n})
+    again = by_group.get("reflood")
+    return _row("preemption", n > 0, f"{n:g} preemptions (or retractions) reported by the server"
+                + (f" (the flood sent again, {len(again)} requests: the first preempted nothing)"
+                   if again else ""), exposed, {"preemptions": n})
 
 
 def _cancels(observed: dict, by_group: dict, before: dict, after: dict) -> list[dict]:

@@ -37,9 +37,14 @@ def test_the_flood_overcommits_the_pool_and_outgrows_what_it_leaves_free(block, 
     assert sum(len(q.ids) for q in flood) >= OVERCOMMIT * pool
     assert all(len(q.ids) + q.max_tokens <= context for q in life.requests)
     assert all(q.ignore_eos for q in flood)
-    # the admitted prompts leave under one prompt free; the running ones must outgrow it
-    running = pool // length
-    assert running * flood[0].max_tokens >= length or flood[0].max_tokens == life.sizing["longest_prompt"] - length
+    # the admitted prompts leave under one prompt free; each running one outgrows it by half
+    # its prompt (so together by half a pool), or by all the context allows
+    assert flood[0].max_tokens >= length // 2 or flood[0].max_tokens == life.sizing["longest_prompt"] - length
+    # the flood once more, the same prompts under salts of their own (sent where it preempted
+    # nothing): misses, so it overcommits again
+    again = life.group("reflood")
+    assert [(q.ids, q.max_tokens, q.ignore_eos) for q in again] == [(q.ids, q.max_tokens, True) for q in flood]
+    assert not {q.salt for q in again} & {q.salt for q in life.requests if q.group != "reflood"}
 
 
 def test_the_plan_is_pure_and_keeps_its_groups_apart():
