@@ -144,11 +144,11 @@ def _landed(probe: ProbeSummary) -> list[int]:
     """When each detection's request landed among the run's requests, by any channel: a
     corrupted shared answer, an over-hit, a lifecycle answer the judge labelled corruption,
     a sentinel finding (its reader, where that is one of the run's requests)."""
-    life = probe.lifecycle.divergences if probe.lifecycle else []
     found = probe.sentinel.findings if probe.sentinel else []
     landed = ([f.index for f in probe.first_divergences or []]
               + [e.index for e in probe.key_coverage.oracle.examples]
-              + [q.index for q in life if q.label == "corruption"] + [f.index for f in found])
+              + [q.index for q in probe.lifecycle.divergences if q.label == "corruption"]
+              + [f.index for f in found])
     return [i for i in landed if i is not None]
 
 

@@ -17,7 +17,9 @@ from kvdiag.vocab import EVENTS
 PREEMPTIONS, ABORTS = every_server("preemptions"), every_server("aborts")
 
 
-def _delta(names: tuple[str, ...], before: dict, after: dict) -> float | None:
+def delta(names: tuple[str, ...], before: dict, after: dict) -> float | None:
+    """What the server's counters `names` rose by between two /metrics samples, summed; None
+    where it reports none of them."""
     found = [after[n] - before.get(n, 0.0) for n in names if n in after]
     return sum(found) if found else None
 
@@ -69,7 +71,7 @@ def _early_free(store, recycling: Recycling) -> dict:
 
 
 def _preemption(by_group: dict, before: dict, after: dict, skipped: dict) -> dict:
-    n = _delta(PREEMPTIONS, before, after)
+    n = delta(PREEMPTIONS, before, after)
     exposed = sum(len(by_group.get(g, [])) for g in ("flood", "reflood", "return", "follow"))
     if "flood" in skipped and not n:
         return _row("preemption", False, f"not driven: {skipped['flood']}", 0)
@@ -83,7 +85,7 @@ def _preemption(by_group: dict, before: dict, after: dict, skipped: dict) -> dic
 
 
 def _cancels(observed: dict, by_group: dict, before: dict, after: dict) -> list[dict]:
-    aborts = _delta(ABORTS, before, after)
+    aborts = delta(ABORTS, before, after)
     out = []
     for event in ("cancel-prefill", "cancel-decode"):
         done = [c for c in observed.get("cancels", []) if c["group"] == event]

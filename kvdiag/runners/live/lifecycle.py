@@ -42,6 +42,7 @@ from collections.abc import Callable
 
 from kvdiag.runners.live.cancel import stream_and_close
 from kvdiag.runners.live.endpoint import Endpoint
+from kvdiag.runners.live.events import PREEMPTIONS, delta
 from kvdiag.runners.live.identity import every_server
 from kvdiag.runners.live.lifeplan import (
     CANCEL_PREFILLS,
@@ -86,7 +87,8 @@ async def lifecycle_phase(endpoint: Endpoint, life: LifePlan, store: RoundStore,
         # that the first requests finish before the last are admitted: nothing is preempted
         # (2 probes of 5 even with each flood request decoding half its prompt). Sent again
         # alone, with nothing else in the engine, it preempted in every trial by hand.
-        if life.group("reflood") and _preempted(before, await asyncio.to_thread(endpoint.metrics)) == 0:
+        after = await asyncio.to_thread(endpoint.metrics)
+        if life.group("reflood") and delta(PREEMPTIONS, before, after) == 0:  # None: no counter
             observed["reflood"] = len(life.group("reflood"))
             await asyncio.gather(*(one(q) for q in life.group("reflood")))
     finally:
@@ -180,14 +182,7 @@ class _Sampler:
         return {"samples": len(self.samples), "max_waiting": max(waits) if waits else None}
 
 
-WAITING, PREEMPTIONS = every_server("waiting"), every_server("preemptions")
-
-
-def _preempted(before: dict, after: dict) -> float | None:
-    """Preemptions (or retractions) the server counted between two samples; None where it
-    reports no such counter (SGLang exports its counter only after a first retraction)."""
-    found = [after[n] - before.get(n, 0.0) for n in PREEMPTIONS if n in after]
-    return sum(found) if found else None
+WAITING = every_server("waiting")
 
 
 def _waiting(sample: dict) -> float | None:
