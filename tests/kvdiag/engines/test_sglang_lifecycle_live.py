@@ -12,8 +12,10 @@ cached tokens per request, /server_info) in its report line, for sizing the prob
         duplicates; new prefills (fillers, fresh salts) then take the freed pages while the N
         still decode; each answer is held against its isolated twin (a fresh salt, alone).
     cancel-prefill (abort-publish): a prompt ~25 prefill chunks long (--chunked-prefill-size
-        256) whose client cancels 0.5 s into its prefill; once SGLang counts the abort, the
-        same prefix asked again, one recitable line at its end per request, same salt.
+        256), its prefill first timed alone (a fresh salt, one token), then sent again and
+        aborted through SGLang's /abort_request halfway through that time; once SGLang counts
+        the abort, the same prefix asked again, one recitable line at its end per request,
+        same salt.
 
 Slow; skipped without the env (`make sglang-cpu-env`)."""
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 import uuid
 
 import httpx
@@ -31,6 +34,7 @@ from kvdiag.engines.sglang.faults import FAULT_ENV, FAULTS
 from kvdiag.engines.sglang.launcher import SglangLocal, sglang_available
 from kvdiag.facts.words import FILLER_WORDS, MARKERS
 from kvdiag.paths import CANARY
+from kvdiag.runners.live.cancel import stream_and_close
 from kvdiag.runners.live.endpoint import Endpoint
 from kvdiag.sentinel.log import read_report
 from kvdiag.vocab import EVENTS
@@ -50,7 +54,7 @@ FILLERS, FILLER_LINES = 12, 5  # the new prefills that take the freed pages, ~25
 POOL = 4200  # tokens: the burst (~8 x 450 with its decode), so fillers need the freed pages
 CHUNK = 256  # cancel-prefill: SGLang's prefill chunk for it (--chunked-prefill-size)
 LONG = 6000  # cancel-prefill: filler words before the recitable lines (~24 chunks)
-CANCEL_AFTER = 0.5  # seconds into its prefill the client cancels
+CANCEL_AT = 0.5  # cancel-prefill: the share of its measured prefill after which it is aborted
 ROUNDS = 5  # concurrent-prefill bursts per server
 
 
@@ -146,9 +150,12 @@ async def _drive_concurrent_prefill(ep: Endpoint, seed: int = 0) -> dict:
 
 
 async def _drive_cancel_prefill(ep: Endpoint, seed: int = 0) -> dict:
-    """A long prompt cancelled by its client in mid-prefill, then the same prefix asked again
-    (each recitable line at its end, one request after another, same salt); each answer held
-    against its isolated twin."""
+    """A long prompt aborted in mid-prefill, then the same prefix asked again (each recitable
+    line at its end, one request after another, same salt); each answer held against its
+    isolated twin. The abort is timed from the prompt's own prefill, measured alone under a
+    fresh salt: a fixed delay landed after the prefill had ended on a fast machine (the
+    re-sent prompt then hit 6,395 of 6,399 tokens and nothing was cut short), and SGLang
+    notices a gone client only when it polls, so the abort goes by rid (/abort_request)."""
     rng = random.Random(seed)
     markers = list(MARKERS)
     rng.shuffle(markers)
@@ -156,11 +163,14 @@ async def _drive_cancel_prefill(ep: Endpoint, seed: int = 0) -> dict:
     prefix = _filler_words(rng, LONG) + "".join(t for _, t in lines)
     asks = [prefix + f" recite {first}" for first, _ in lines]
     salt = f"kvdiag-cancel-{uuid.uuid4().hex[:8]}"
-    before = ep.metrics()
     limit = 2 * SEGMENTS * (WORDS + 1)
-    first = asyncio.create_task(ep.chat(_user(asks[0]), limit, cache_salt=salt))
-    await asyncio.sleep(CANCEL_AFTER)
-    first.cancel()
+    ids = ep.tokenize_chat(_user(asks[0]))
+    start = time.time()
+    await ep.complete(ids, 1, cache_salt=f"kvdiag-time-{uuid.uuid4().hex[:8]}")
+    prefill = time.time() - start
+    before = ep.metrics()
+    cut = await stream_and_close(ep, ids, 1, cache_salt=salt, max_tokens=limit,
+                                 abort_after=CANCEL_AT * prefill)
     seconds = 0.0
     while seconds < 20 and (ep.metrics().get("sglang:num_aborted_requests_total", 0.0)
                             <= before.get("sglang:num_aborted_requests_total", 0.0)):
@@ -173,6 +183,8 @@ async def _drive_cancel_prefill(ep: Endpoint, seed: int = 0) -> dict:
              for a in asks]
     wrong = [i for i, (s, t) in enumerate(zip(shared, twins)) if s.text != t.text]
     return {"requests": BURST, "wrong": len(wrong), "prompt_tokens": shared[0].prompt_tokens,
+            "prefill_s": round(prefill, 3), "aborted": cut["aborted"] is not None,
+            "tokens_before_abort": cut["tokens_seen"],
             "abort_seen_after_s": seconds, "cached": [s.cached_tokens for s in shared],
             "twin_cached": [t.cached_tokens for t in twins],
             "metrics": _delta(before, during), "examples": _examples(shared, twins, wrong)}
@@ -235,7 +247,9 @@ def test_cancel_mid_prefill(fault, tmp_path):
     # sglang-local polls for a client gone every second (launcher.WAIT_TIMEOUT_ENV)
     results, bad = _run(fault, _drive_cancel_prefill, tmp_path, num_blocks=20000,
                    extra_args=("--chunked-prefill-size", str(CHUNK)))
-    assert all(r["metrics"]["sglang:num_aborted_requests_total"] >= 1 for r in results), results
+    # every round's abort landed before a first token, and SGLang counted it
+    assert all(r["aborted"] and r["metrics"]["sglang:num_aborted_requests_total"] >= 1
+               for r in results), results
     wrong = sum(r["wrong"] for r in results)
     if fault is None:
         assert wrong == 0 and bad == 0, results
