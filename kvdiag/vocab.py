@@ -34,10 +34,12 @@ EVENTS = {
     "n-children": "a request for n > 1 completions, whose children continue from its cells copied "
                   "into other slots, which held shorter prompts before",
 }
-SLOT_EVENTS = ("ram-cache", "slot-restore", "slot-erase", "n-children")  # an engine of slots' rows, recycle beside them
-BLOCK_EVENTS = tuple(e for e in EVENTS if e not in SLOT_EVENTS)  # a paged engine's rows
+_SLOTS_ONLY = ("ram-cache", "slot-restore", "slot-erase", "n-children")
+CANCELS = ("cancel-prefill", "cancel-decode")  # driven on both kinds of engine
+SLOT_EVENTS = _SLOTS_ONLY + CANCELS  # an engine of slots' rows, recycle beside them
+BLOCK_EVENTS = tuple(e for e in EVENTS if e not in _SLOTS_ONLY)  # a paged engine's rows
 # BRAI above this is an alert (verify --expect-guard, regress, the report, Prometheus rules)
 BRAI_MAX = 0.05
 
-__all__ = ["BLOCK_EVENTS", "BRAI_MAX", "CLEAN_ALLOCATORS", "CONTIGUOUS", "EVENTS", "GUARD_LOG_LINE",
+__all__ = ["BLOCK_EVENTS", "BRAI_MAX", "CANCELS", "CLEAN_ALLOCATORS", "CONTIGUOUS", "EVENTS", "GUARD_LOG_LINE",
            "PAGED_ATTENTION_LINE", "SLOT_EVENTS", "STYLES", "VLLM"]

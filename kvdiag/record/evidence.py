@@ -163,6 +163,22 @@ class BoundedHit(Block):
     margin: Opt = None
 
 
+class HitAccount(Block):
+    """Hit accounting for one group of the oracle's requests (a phase, or a lifecycle group):
+    the cached tokens the server reported beside the most it could have (the bounds' sum).
+    `short`: requests that reported fewer than their bound; `none`: of those, the ones that
+    reported nothing at all. An under-hit costs compute, not correctness: a prefix evicted
+    for room is one, and no verdict reads this. It shows where a cache was skipped (llama.cpp
+    #28139: a pinned slot never looks its RAM cache up)."""
+
+    group: str = ""
+    requests: int = 0
+    possible: int = 0
+    reported: int = 0
+    short: int = 0
+    none: int = 0
+
+
 class Oracle(Block):
     """The over-hit oracle's counts (runners/live/oracle.py), every request it bounded (`hits`:
     the judge's input, not written to summary.json) and the over-hits the judge found."""
@@ -178,6 +194,7 @@ class Oracle(Block):
     reuse_chunk: int = 0
     chunk_hits: int = 0
     hits: list[BoundedHit] = Field(default_factory=list, exclude=True)
+    accounting: list[HitAccount] = Field(default_factory=list)
     over_hits: int = 0
     examples: list[BoundedHit] = Field(default_factory=list)
 

@@ -151,12 +151,29 @@ def _key_coverage_lines(kc: KeyCoverage, shown: bool) -> list[str]:
                      f"{oracle.unit} tokens), {oracle.over_hits} over the bound"
                      if oracle.available else "over-hit oracle: unavailable (no cached-token "
                      "counts or no token ids)")
+        lines += _accounting_lines(oracle.accounting)
     if pairs:
         families = sorted({p.family or "?" for p in pairs})
         skipped = kc.differential_skipped
         lines.append(f"differential phase: {len(pairs)} requests ({', '.join(families)})"
                      + (f"; skipped: {'; '.join(skipped)}" if skipped else ""))
     return lines
+
+
+def _accounting_lines(groups) -> list[str]:
+    """The hit accounting table: what each group reported cached against the most it could
+    have. Not judged: an under-hit costs compute, not correctness."""
+    if not groups:
+        return []
+    width = max(len(a.group) for a in groups)
+    out = ["hit accounting (cached tokens reported against the most the client's own traffic "
+           "allows; an under-hit is a cost, not corruption, and is not judged):",
+           f"  {'group':<{width}}  requests  possible  reported  share  short  none"]
+    for a in groups:
+        share = f"{a.reported / a.possible:.0%}" if a.possible else "-"
+        out.append(f"  {a.group:<{width}}  {a.requests:>8}  {a.possible:>8,}  {a.reported:>8,}  "
+                   f"{share:>5}  {a.short:>5}  {a.none:>4}")
+    return out
 
 
 def _block_reuse(replay) -> dict[int, float]:

@@ -15,7 +15,7 @@ from kvdiag.runners.live.endpoint import Endpoint
 
 async def stream_and_close(endpoint: Endpoint, token_ids: list[int], after: int | None, *,
                            cache_salt: str | None = None, max_tokens: int = 64,
-                           abort_after: float | None = None) -> dict:
+                           abort_after: float | None = None, id_slot: int | None = None) -> dict:
     """A streamed completion the client closes after `after` generated tokens (0: before
     the first; None: read to the end): the server sees a client go away mid-prefill or
     mid-decode. With `abort_after` on a server that has an abort API (SGLang's POST
@@ -31,6 +31,8 @@ async def stream_and_close(endpoint: Endpoint, token_ids: list[int], after: int 
         endpoint.protocol.namespace(body, cache_salt)
     endpoint.protocol.pin_reuse(body, endpoint.reuse_chunk)
     body |= {"rid": rid} if rid else {}
+    if id_slot is not None:  # the slot it must run on, where the server has slots (llama.cpp)
+        endpoint.protocol.pin_slot(body, id_slot)
     sent, state = time.time(), {"first": None, "seen": 0, "aborted": None}
 
     async def abort() -> None:

@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import math
 
-from kvdiag.record.evidence import BoundedHit, DifferentialPair, KeyCoverage, Oracle
+from kvdiag.record.evidence import BoundedHit, DifferentialPair, HitAccount, KeyCoverage, Oracle
 from kvdiag.runners.live import phases as P
 from kvdiag.runners.live.compare import divergence, margin_at
 from kvdiag.runners.live.differential import DIFF, DIFF_ISOLATED
+from kvdiag.runners.live.lifeplan import LIFE, LIFE_ISOLATED, LifePlan
 from kvdiag.runners.live.oracle import HitRule, Sent, check
 from kvdiag.runners.live.pressure import ServerCache
 from kvdiag.runners.live.store import RoundStore
 from kvdiag.runners.records import Record
 
 
-def _ids(plan, phase: str, j: int, r: int, row: dict, pressure: list[int]) -> list[int] | None:
+def _ids(plan, phase: str, j: int, r: int, row: dict, pressure: list[int],
+         life: LifePlan | None) -> list[int] | None:
+    if phase in (LIFE, LIFE_ISOLATED):
+        return list(life.requests[j].ids) if life is not None and j < len(life.requests) else None
     if phase in (DIFF, DIFF_ISOLATED):
         return row.get("ids")
     if phase in (P.SHARED, P.TWIN, P.ISOLATED):
@@ -33,6 +37,8 @@ def _ids(plan, phase: str, j: int, r: int, row: dict, pressure: list[int]) -> li
 def _what(plan, phase: str, j: int, r: int, row: dict, pressure: list[int]) -> str:
     if phase == DIFF:
         return f"differential pair {row.get('name')!r} ({row.get('family')})"
+    if phase == LIFE:
+        return f"lifecycle {row.get('group')} request {j}"
     k = pressure[j] if phase == P.PRESSURE else j
     return f"{phase} request of session {plan.sessions[k].session_id}, round {r + 1}"
 
@@ -46,24 +52,47 @@ def _margin(shared: dict, isolated: dict | None) -> float | None:
     return math.nan if i is None else margin_at(isolated, shared["tokens"], i)
 
 
+def _group(phase: str, row: dict) -> str:
+    return f"lifecycle {row.get('group')}" if phase == LIFE else phase
+
+
+def accounting(hits: list[tuple[str, int, int]]) -> list[HitAccount]:
+    """(group, cached, bound) of every bounded request -> one HitAccount per group, in the
+    order the groups first appear."""
+    out: dict[str, HitAccount] = {}
+    for group, cached, bound in hits:
+        a = out.setdefault(group, HitAccount(group=group))
+        a.requests += 1
+        a.possible += bound
+        a.reported += cached
+        a.short += cached < bound
+        a.none += cached == 0 < bound
+    return list(out.values())
+
+
 def key_coverage(plan, store: RoundStore, pressure: list[int], server: ServerCache,
                  meta: dict, ids_known: bool, namespaces: bool = True,
-                 reuse_chunk: int = 0) -> KeyCoverage:
+                 reuse_chunk: int = 0, life: LifePlan | None = None) -> KeyCoverage:
     """The oracle's counts (oracle.check) with every request it bounded (`hits`), and the
     differential phase's pairs (name, family, cached, bound, margin). The margin of a
     suite round is its shared answer's against the isolated run of the same round.
     `namespaces` False (an engine that keys its cache by tokens only, llama.cpp): one
     namespace for every salt, and the isolated requests, which such an engine still leaves
     in its slots, count as sources of hits (never judged: the ground truth checks them).
-    `reuse_chunk`: the chunk reuse every request was pinned to (llama.cpp's n_cache_reuse)."""
+    `reuse_chunk`: the chunk reuse every request was pinned to (llama.cpp's n_cache_reuse).
+    `life`: the lifecycle phase's plan. A slot engine's (llama.cpp: one request at a time, or
+    pinned to slots) is bounded too, its isolated twins sources; a paged engine's flood,
+    preempted, retracted and cancelled, is judged by its answers only."""
     rule = HitRule.for_server(server.block_size, server.source, reuse_chunk)
-    judged = (P.SHARED, P.TWIN, P.PRESSURE, P.PLP, DIFF)
-    sources = () if namespaces else (P.ISOLATED, P.PLP_ISOLATED, DIFF_ISOLATED)
+    slots = life is not None and life.kind == "slots"
+    judged = (P.SHARED, P.TWIN, P.PRESSURE, P.PLP, DIFF) + ((LIFE,) if slots else ())
+    sources = () if namespaces else (P.ISOLATED, P.PLP_ISOLATED, DIFF_ISOLATED) + (
+        (LIFE_ISOLATED,) if slots else ())
     sent = []
     for (phase, j, r), row in store.done.items():
         if phase not in judged + sources or "sent" not in row:  # rows of an older kvdiag carry no times
             continue
-        ids = _ids(plan, phase, j, r, row, pressure) if ids_known else None
+        ids = _ids(plan, phase, j, r, row, pressure, life) if ids_known else None
         if ids is not None and row.get("prompt_tokens") and len(ids) != row["prompt_tokens"]:
             ids = None  # the server counted another prompt than the client's ids: no bound
         sent.append(Sent((phase, j, r), (row.get("salt") if namespaces else None, row.get("model")),
@@ -73,9 +102,10 @@ def key_coverage(plan, store: RoundStore, pressure: list[int], server: ServerCac
     evidence = check(sent, rule, meta.get("resets", []))
     if sources:  # sources only: no count of theirs was missing
         evidence["unreported"] -= sum(s.key[0] in sources for s in sent)
-    hits, pairs, bounded = [], [], {}
+    hits, pairs, bounded, groups = [], [], {}, []
     for (phase, j, r), cached, bound in evidence.pop("rows"):
         row = store.done[(phase, j, r)]
+        groups.append((_group(phase, row), cached, bound))
         if phase == DIFF:
             twin = store.done.get((DIFF_ISOLATED, j, r))
         elif phase in (P.SHARED, P.PRESSURE):
@@ -91,7 +121,8 @@ def key_coverage(plan, store: RoundStore, pressure: list[int], server: ServerCac
             pairs.append(DifferentialPair(name=row.get("name"), family=row.get("family"),
                                           cached=row.get("cached_tokens"), bound=bounded.get((phase, j, r)),
                                           margin=_margin(row, store.done.get((DIFF_ISOLATED, j, r)))))
-    return KeyCoverage(oracle=Oracle(**evidence, hits=hits), differential=pairs,
+    return KeyCoverage(oracle=Oracle(**evidence, hits=hits, accounting=accounting(groups)),
+                       differential=pairs,
                        differential_skipped=meta.get("differential_skipped", []))
 
 

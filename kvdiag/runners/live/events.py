@@ -38,7 +38,8 @@ def coverage(store, life: LifePlan | None, observed: dict, recycling: Recycling,
         if phase == LIFE:
             by_group.setdefault(row.get("group", ""), []).append(row)
     if life is not None and life.kind == "slots":  # an engine of slots (llama.cpp)
-        return [_recycle(recycling, by_group), *coverage_rows(by_group, life, observed, _row)]
+        return [_recycle(recycling, by_group), *coverage_rows(by_group, life, observed, _row),
+                *_cancels(observed, by_group, before, after)]
     skipped = life.skipped if life else {"all": "the lifecycle phase was not run"}
     table = [_recycle(recycling, by_group), _early_free(store, recycling)]
     table.append(_preemption(by_group, before, after, skipped))
@@ -99,8 +100,13 @@ def _cancels(observed: dict, by_group: dict, before: dict, after: dict) -> list[
             what = "closed after tokens had come"
         server = {"aborts": aborts} if aborts is not None else {}
         tail = f"; the server counted {aborts:g} aborted" if aborts is not None else ""
+        again = [r.get("cached_tokens") for r in sorted(by_group.get(event, []), key=lambda r: r["index"])]
+        if not done:
+            out.append(_row(event, False, "not driven: no request was cancelled", len(again), server))
+            continue
         out.append(_row(event, bool(hit), f"{len(hit)} of {len(done)} streamed requests {what}, "
-                        f"then the same prompt sent again{tail}", len(by_group.get(event, [])), server))
+                        f"then the same prompt sent again ({', '.join(map(str, again)) or 'none'} "
+                        f"cached tokens){tail}", len(again), server))
     return out
 
 

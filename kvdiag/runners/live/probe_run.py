@@ -100,7 +100,7 @@ def run_probe(base_url: str, model: str, suite: Suite, case: Case, run_dir: Path
                           require=list(settings.require))
     run.key_coverage = key_coverage(plan, store, pressure, server, meta, ids_known,
                                     namespaces=run.traffic.namespaces,
-                                    reuse_chunk=settings.reuse_chunk)
+                                    reuse_chunk=settings.reuse_chunk, life=life)
     divergences = C.lifecycle_divergences(store)
     run.lifecycle = E.Lifecycle(
         events=[EventRow(**row) for row in event_coverage(

@@ -25,6 +25,10 @@ checked against its isolated twin (`cache_prompt: false`) with the isolated phas
               before P does; then P asking for one completion per   that keeps those answers P
               slot (n), on slot 0: its children take those slots,   from both, nearest its
               each answer judged against P's twin                   question)
+    cancel-   a conversation's last prompt streamed on slot 0, its  cancel-prefill, cancel-decode:
+    prefill,  client gone before its first token (prefill) or       the same prompt reads the
+    decode    after CUT tokens (decode); then the same prompt on    cells a cancelled task left
+              slot 0 again                                          in its slot
 
 Every prompt is one of the suite's own, so its answer is read from its conversation (a window
 cut anywhere is answered from its last few tokens, and a flat next-token distribution would
@@ -40,12 +44,15 @@ import asyncio
 import uuid
 from collections.abc import Callable
 
+from kvdiag.runners.live.cancel import stream_and_close
 from kvdiag.runners.live.lifeplan import ANSWER, LIFE, LifePlan, LifeRequest
+from kvdiag.vocab import CANCELS
 
 ROUNDS = 3  # rounds of each rotating conversation, before the pinned one
 PARENTS = 3  # requests for n completions the children group sends (a last question is often a
 # near-tie at its first tokens, where a child's change is numerics: more parents, more chances)
-PINNED = 0  # the slot the restore and erase groups pin their requests to
+PINNED = 0  # the slot the restore, erase and cancel groups pin their requests to
+CUT = 4  # cancel-decode: tokens read before the client goes (of up to 4 x ANSWER)
 
 
 def plan_slots(sessions: list[list[list[int]]], slots: int | None) -> LifePlan:
@@ -101,6 +108,9 @@ def plan_slots(sessions: list[list[list[int]]], slots: int | None) -> LifePlan:
                 skipped["children"] = f"the suite has too few prompts shorter than its last ones to hold {slots - 1} slots"
     else:
         skipped["restore"] = skipped["erase"] = skipped["children"] = "the suite has fewer than 2 conversations"
+    for k, event in enumerate(CANCELS):  # conversations other than A and B where there are
+        if sessions:
+            add(event, sessions[(2 + k) % len(sessions)][-1], f"cancel-{k}")
     return LifePlan(tuple(requests), skipped, {"slots": slots, "pinned_slot": PINNED,
                                                 "rounds": rounds}, kind="slots")
 
@@ -144,6 +154,15 @@ async def slots_phase(endpoint, life: LifePlan, store, tick: Callable[[], None],
         for q, res in zip(children, answers):
             store.add(LIFE, q.j, 0, res, group=q.group, salt=q.salt, slot=PINNED)
             tick()
+    for q in life.group(CANCELS[0]) + life.group(CANCELS[1]):
+        if (LIFE, q.j, 0) in store.done:
+            continue
+        # a task the server goes on with until it finds its client gone: the same prompt,
+        # pinned to the slot after it, waits for the slot and reads what the task left there
+        seen = await stream_and_close(endpoint, list(q.ids), 0 if q.group == CANCELS[0] else CUT,
+                                      max_tokens=4 * ANSWER, id_slot=PINNED)
+        observed.setdefault("cancels", []).append({"j": q.j, "group": q.group} | seen)
+        await one(q, PINNED)
 
 
 def children_sets(life: LifePlan) -> list[tuple[list[LifeRequest], list[LifeRequest]]]:

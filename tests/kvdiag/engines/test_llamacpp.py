@@ -276,3 +276,47 @@ def test_a_completions_logprobs_in_llamacpps_chat_shape_are_read_as_its_tokens()
     assert a.tokens == b.tokens == [" Paris", "."] and a.logprobs == b.logprobs == [-0.1, -0.3]
     assert a.top == b.top and a.top[0] == [(" Paris", -0.1), (" Lyon", -2.5)]
     assert a.cached_tokens == 4 and a.text == " Paris."
+
+
+def test_the_slot_phase_is_bounded_and_its_under_hits_counted_per_group(tmp_path):
+    """The slot lifecycle phase (one request at a time) joins the oracle: a returning
+    conversation restored whole is at its bound; one pinned to an empty slot that never looks
+    its RAM cache up (#28139's shape) reports nothing, an under-hit the accounting table
+    counts, never an over-hit; a count past what was sent is an over-hit there too. A paged
+    engine's lifecycle rows stay out of the oracle (their answers judge them)."""
+    from kvdiag.runners.live.coverage import key_coverage
+    from kvdiag.runners.live.endpoint import ChatResult
+    from kvdiag.runners.live.lifeplan import LIFE, LIFE_ISOLATED, LifePlan, LifeRequest
+    from kvdiag.runners.live.pressure import ServerCache
+    from kvdiag.runners.live.store import RoundStore
+    from kvdiag.verdicts.live import over_hit
+
+    first, longer = list(range(100, 140)), list(range(100, 140)) + list(range(600, 620))
+    plan = LifePlan((LifeRequest(0, "rotate", tuple(first), 16, "c-0"),
+                     LifeRequest(1, "rotate", tuple(longer), 16, "c-0", of=0),
+                     LifeRequest(2, "pinned", tuple(longer), 16, "c-0", of=0),
+                     LifeRequest(3, "restore", tuple(longer + [7]), 16, "c-1")),
+                    {}, {"slots": 2}, kind="slots")
+    store = RoundStore(tmp_path / "rounds.jsonl")
+    for j, cached, t in ((0, 0, 0.0), (1, 39, 1.0), (2, 0, 2.0), (3, 61, 3.0)):
+        q = plan.requests[j]
+        result = ChatResult(text="", tokens=[], top=[], logprobs=[], prompt_tokens=len(q.ids),
+                            cached_tokens=cached, finish_reason="length", sent=t, done=t + 0.5)
+        store.add(LIFE, j, 0, result, group=q.group, salt=q.salt)
+    for j, q in enumerate(plan.requests):  # the twins, after the phase: sources, never judged
+        store.add(LIFE_ISOLATED, j, 0, ChatResult(
+            text="", tokens=[], top=[], logprobs=[], prompt_tokens=len(q.ids), cached_tokens=0,
+            finish_reason="length", sent=10.0 + j, done=10.5 + j))
+    store.close()
+    server = ServerCache(block_size=16, num_blocks=512, source="props")
+    got = key_coverage(None, store, [], server, {}, True, namespaces=False, life=plan)
+    oracle = got.oracle
+    bounds = {h.what: (h.cached, h.bound) for h in oracle.hits}
+    assert bounds == {"lifecycle rotate request 0": (0, 0), "lifecycle rotate request 1": (39, 40),
+                      "lifecycle pinned request 2": (0, 59), "lifecycle restore request 3": (61, 60)}
+    assert [over_hit(c, b) for c, b in bounds.values()] == [False, False, False, True]
+    table = {a.group: (a.requests, a.possible, a.reported, a.short, a.none) for a in oracle.accounting}
+    assert table == {"lifecycle rotate": (2, 40, 39, 1, 0), "lifecycle pinned": (1, 59, 0, 1, 1),
+                     "lifecycle restore": (1, 60, 61, 0, 0)}
+    paged = LifePlan(plan.requests, {}, {}, kind="blocks")
+    assert not key_coverage(None, store, [], server, {}, True, namespaces=True, life=paged).oracle.hits

@@ -46,6 +46,10 @@ def test_the_stock_build_passes_in_its_default_configuration(gguf, tmp_path):
     oracle = summary["key_coverage"]["oracle"]
     # every shared request checked against its bound, none above it
     assert oracle["available"] and oracle["unknown_ids"] == 0 and oracle["over_hits"] == 0, oracle
+    # #28139 in the hit accounting, not the verdict: A, asked again after its slot was erased,
+    # is in the RAM cache, and its request (pinned to the emptied slot) never looks it up
+    account = {a["group"]: a for a in oracle["accounting"]}
+    assert account["lifecycle erase"]["none"] == 1 and account["lifecycle erase"]["possible"] > 0, account
     assert summary["server"]["version"]  # llama.cpp's build_info
     assert (tmp_path / "p" / "llama-server.log").is_file()
 
@@ -126,6 +130,8 @@ def test_the_upstream_fixes_pass_and_their_pinned_requests_hit_the_ram_cache(ggu
     ram = {r["event"]: r for r in summary["events"]}["ram-cache"]
     print("LLAMACPP-FIXED", json.dumps(ram["server"]))
     assert ram["server"]["restored_pinned"] > 0, ram
+    account = {a["group"]: a for a in summary["key_coverage"]["oracle"]["accounting"]}
+    assert account["lifecycle erase"]["none"] == account["lifecycle pinned"]["none"] == 0, account
     assert "b11434-fix-upstream-fixes@llamacpp-local:upstream-fixes" in summary["signature"]
 
 

@@ -9,7 +9,7 @@ import pytest
 from kvdiag.runners.live.events import _row
 from kvdiag.runners.live.lifeplan import ANSWER, LifePlan, LifeRequest
 from kvdiag.runners.live.slotlife import PARENTS, children_sets, coverage_rows, plan_slots
-from kvdiag.vocab import SLOT_EVENTS
+from kvdiag.vocab import CANCELS, SLOT_EVENTS
 
 
 def _sessions(n: int = 6, rounds: int = 5) -> list[list[list[int]]]:
@@ -47,7 +47,7 @@ def test_what_cannot_be_driven_is_said(slots, sessions, why):
     plan = plan_slots(_sessions(sessions), slots)
     assert not plan.group("rotate") and why in " ".join(plan.skipped.values())
     rows = coverage_rows({}, plan, {}, _row)
-    assert tuple(r["event"] for r in rows) == SLOT_EVENTS
+    assert tuple(r["event"] for r in rows) + CANCELS == SLOT_EVENTS  # the cancels: events.py's rows
     assert not rows[0]["reached"] and "not driven" in rows[0]["evidence"]
     if sessions < 2:  # nothing to restore: said, not counted as a restore that failed
         assert all(not r["reached"] and "fewer than 2" in r["evidence"] for r in rows[1:])
@@ -133,3 +133,28 @@ def test_the_children_group_fills_the_other_slots_then_asks_for_one_answer_per_s
     assert not coverage_rows({}, alone, {}, _row)[3]["reached"]
     crowded = plan_slots(sessions, 40)  # more slots than the suite has shorter prompts for
     assert "to hold 39 slots" in crowded.skipped["children"]
+
+
+def test_each_cancel_sends_a_conversations_last_prompt_and_the_row_names_what_came_back():
+    """One cancel of each kind, each a conversation's last prompt (not A's or B's, where the
+    suite has more): cancelled on slot 0, then sent again there. The row is reached by a
+    close before the first token (prefill) or after some (decode), and says what the
+    re-sent prompt reported cached: the cells the cancelled task left."""
+    from kvdiag.runners.live.events import _cancels
+
+    sessions = _sessions()
+    plan = plan_slots(sessions, 4)
+    pre, dec = (plan.group(event) for event in CANCELS)
+    assert [q.ids for q in pre + dec] == [tuple(sessions[2][-1]), tuple(sessions[3][-1])]
+    assert plan_slots(sessions, 4) == plan and not plan_slots([], 4).group(CANCELS[0])
+    by_group = _stored(plan, {pre[0].j: 300, dec[0].j: 0})
+    observed = {"cancels": [{"j": pre[0].j, "group": CANCELS[0], "first_token": None, "tokens_seen": 0},
+                            {"j": dec[0].j, "group": CANCELS[1], "first_token": 1.0, "tokens_seen": 4}]}
+    prefill, decode = _cancels(observed, by_group, {}, {})
+    assert prefill["reached"] and "1 of 1 streamed requests closed before" in prefill["evidence"]
+    assert "(300 cached tokens)" in prefill["evidence"] and "(0 cached tokens)" in decode["evidence"]
+    assert decode["reached"] and "aborted" not in decode["evidence"]  # no abort counter here
+    late = {"cancels": [observed["cancels"][0] | {"first_token": 2.0, "tokens_seen": 1}]}
+    assert not _cancels(late, by_group, {}, {})[0]["reached"]  # a token came: not a prefill cancel
+    never = _cancels({}, {}, {}, {})
+    assert not any(r["reached"] for r in never) and all("not driven" in r["evidence"] for r in never)
