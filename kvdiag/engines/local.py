@@ -37,11 +37,21 @@ class Served:
     reuse_chunk: int = 0  # llama.cpp's --cache-reuse it was started with (its /props does not say)
 
 
-def adapter_dirs(adapter: str | None, model_dir: Path) -> dict[str, Path]:
+def adapter_dirs(adapter: str | None, model_dir: Path, engine: str | None = None) -> dict[str, Path]:
     """The LoRA adapters a local engine serves for a run that names `adapter`: kvdiag builds
-    one, for the canary only (`canary-lora`, kvdiag.canary.lora); KvdiagError otherwise."""
+    one for the canary (`canary-lora`, kvdiag.canary.lora), and one for a llama-architecture
+    GGUF that llama.cpp serves (`kvdiag-lora`, kvdiag.engines.llamacpp.lora); KvdiagError
+    otherwise."""
     if adapter is None:
         return {}
+    if engine == "llamacpp":
+        from kvdiag.engines.llamacpp.launcher import LlamacppLocal
+        from kvdiag.engines.llamacpp.lora import NAME, ensure_adapter
+
+        if adapter != NAME:
+            raise KvdiagError(f"--adapter {adapter}: llamacpp-local serves one adapter, {NAME}, "
+                              "made from the model; start llama-server yourself for others")
+        return {adapter: ensure_adapter(LlamacppLocal.check_model(Path(model_dir)))}
     from kvdiag.canary.lora import ensure_lora
     from kvdiag.paths import CANARY
     from reference_engine.loader import model_hash
@@ -66,7 +76,7 @@ def running(target: Target, suite, case, model: str | None, log_dir: Path,
     launcher = target.engine.launcher()
     launcher.find_python()  # the engine installed, before its default model is sought
     model_dir = Path(model or suite.model or launcher.default_model())
-    adapters = adapter_dirs(adapter, model_dir)
+    adapters = adapter_dirs(adapter, model_dir, target.engine.name)
     info(f"starting {target.spec} (log: {Path(log_dir) / target.engine.log_name}) ...")
     with live(target, suite, case, model_dir, log_dir, adapters=adapters, sentinel=sentinel,
               engine_args=engine_args) as served:

@@ -62,6 +62,11 @@ class OpenAIProtocol:
         """Fix, per request, how far past the common prefix the server may reuse cached
         tokens, where the server takes that per request (llama.cpp); nothing here."""
 
+    def adapters(self, call: Call) -> dict[str, dict]:
+        """LoRA adapters the server serves beside its models: name -> the fields a request
+        asks for it with. {} here: vLLM and SGLang serve an adapter as a model (`model`)."""
+        return {}
+
     def pin_slot(self, body: dict, slot: int) -> None:
         """Run this request on one slot, where the server has slots (llama.cpp)."""
         raise KvdiagError(f"{self.name}: the server has no slots to pin a request to")

@@ -17,5 +17,6 @@ VERSION = "/version"
 OPENAPI = "/openapi.json"
 SERVER_INFO = ("/server_info", "/get_server_info")
 PROPS = "/props"
+LORA_ADAPTERS = "/lora-adapters"  # llama.cpp: the adapters it loaded, by id
 ABORT = "/abort_request"
 RESET = ("/reset_prefix_cache", "/flush_cache")

@@ -99,6 +99,14 @@ def patch_file(fault: str) -> Path:
     return (FIX_PATCHES if _kind(fault) == "fix" else PATCHES) / f"{fault}.patch"
 
 
+def patch_chain(fault: str) -> list[Path]:
+    """The patches a build applies, in order: a fix written on other fixes has theirs first."""
+    from kvdiag.engines.llamacpp.faults import FIXES
+
+    fix = FIXES.get(fault)
+    return [patch_file(name) for name in (fix.after if fix else ())] + [patch_file(fault)]
+
+
 def patched_files(patch: Path) -> list[str]:
     """The tree-relative paths a patch changes (its +++ lines, b/ stripped)."""
     return [m.group(1) for m in re.finditer(r"^\+\+\+ b/(\S+)", patch.read_text(), re.M)]
@@ -114,9 +122,9 @@ def fault_server(fault: str, log=lambda m: print(m, file=sys.stderr)) -> Path:
     """The llama-server with `fault`'s patch in, built now when missing or built from another
     version of the patch. KvdiagError (exit 2): no stock tree, a patch that no longer
     applies (naming the fault and the file), a build that fails (its last line)."""
-    patch = patch_file(fault)
-    digest = hashlib.sha256(patch.read_bytes() + " ".join(CMAKE_FLAGS + (build_name(fault), RULES))
-                            .encode()).hexdigest()
+    chain = patch_chain(fault)
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in chain)
+                            + " ".join(CMAKE_FLAGS + (build_name(fault), RULES)).encode()).hexdigest()
     out = root() / "faults" / fault
     binary, stamp = out / "llama-server", out / "patch.sha256"
     if binary.is_file() and stamp.is_file() and stamp.read_text().strip() == digest:
@@ -129,20 +137,22 @@ def fault_server(fault: str, log=lambda m: print(m, file=sys.stderr)) -> Path:
     if not (tree / "CMakeLists.txt").is_file():
         log(f"copying the llama.cpp tree to {tree} (once) ...")
         shutil.copytree(stock, tree, symlinks=True, dirs_exist_ok=True)
-    files = patched_files(patch)
+    files = sorted({f for p in chain for f in patched_files(p)})
     rules = build / "kvdiag-rules"
     if not rules.is_file() or rules.read_text().strip() != RULES:
         # a build tree made under other rules may hold any patch's objects: every file a
         # patch touches is put back (stamped now), so each is compiled again from stock
         _restore(stock, tree, [f for f in every_patched_file() if (stock / f).is_file()])
     _restore(stock, tree, files)
-    run = subprocess.run(["patch", "-p1", "--forward", "--batch", "-i", str(patch.resolve())],
-                         cwd=tree, capture_output=True, text=True)
-    if run.returncode != 0:
-        _restore(stock, tree, files)
-        said = (run.stdout + run.stderr).strip().splitlines()
-        raise KvdiagError(f"{_kind(fault)} {fault}: {patch.name} no longer applies to llama.cpp's tree "
-                          f"({', '.join(files)}): {said[-1] if said else 'patch failed'}")
+    for patch in chain:
+        run = subprocess.run(["patch", "-p1", "--forward", "--batch", "-i", str(patch.resolve())],
+                             cwd=tree, capture_output=True, text=True)
+        if run.returncode != 0:
+            _restore(stock, tree, files)
+            said = (run.stdout + run.stderr).strip().splitlines()
+            raise KvdiagError(f"{_kind(fault)} {fault}: {patch.name} no longer applies to llama.cpp's "
+                              f"tree ({', '.join(patched_files(patch))}): "
+                              f"{said[-1] if said else 'patch failed'}")
     try:
         if not (build / "CMakeCache.txt").is_file():
             log(f"configuring {build} (once; the first build takes about 10 min on 2 cores) ...")

@@ -101,6 +101,7 @@ class Fix:
     summary: str
     reports: tuple[str, ...]  # the pull requests and the issues they fix
     written_from: str  # the PR's diff, or its description where the diff was not at hand
+    after: tuple[str, ...] = ()  # fixes whose patches go in first (this one is written on them)
 
 
 FIXES: dict[str, Fix] = {f.name: f for f in (
@@ -110,6 +111,14 @@ FIXES: dict[str, Fix] = {f.name: f for f in (
         "shorter prefix than a cached one, looks the RAM cache up",
         ("PR #27624 (fixes #27148)", "PR #28992 (fixes #28139 and #28276)"),
         "the PRs' descriptions: their diffs were not at hand; the change is written for b11434"),
+    Fix("adapter-keyed",
+        "the upstream fixes, and: a request that names no LoRA adapter after one that did on its "
+        "slot clears the slot, as an explicit switch does; the RAM prompt cache keeps each entry's "
+        "adapter scales and restores an entry only to a request under the same ones",
+        ("#26207 (its exposures left open: requests without a lora field, RAM-cache entries "
+         "keyed by tokens only)",),
+        "kvdiag's own change, from the issue and the b11434 source: no upstream PR was at hand",
+        after=("upstream-fixes",)),
 )}
 
 

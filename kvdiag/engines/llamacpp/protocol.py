@@ -10,6 +10,9 @@
                 shortest chunk past the common prefix it may shift into place and count
     slots       id_slot pins a request to a slot; POST /slots/ID?action=save|restore|erase
                 ({filename}, under --slot-save-path) saves, restores and erases one
+    adapters    GET /lora-adapters: each adapter loaded (--lora-scaled FILE:0) by id, named
+                here by its file's stem; a request asks for one with "lora": [{id, scale: 1}],
+                and one without the field runs the server's list as loaded
     reset       none: erasing slots (POST /slots/ID?action=erase) leaves the RAM prompt
                 cache, so no request can empty the whole cache
     counters    llamacpp:prompt_tokens_total counts prompt tokens *excluding* cached ones;
@@ -18,6 +21,9 @@
 
 from __future__ import annotations
 
+from pathlib import PurePath
+
+from kvdiag.engines import routes
 from kvdiag.engines.protocol import Call, OpenAIProtocol, Steps
 
 PROMPT, CACHED = "llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cached_total"
@@ -61,6 +67,13 @@ class LlamacppProtocol(OpenAIProtocol):
 
     def pin_slot(self, body: dict, slot: int) -> None:
         body["id_slot"] = slot
+
+    def adapters(self, call: Call) -> dict[str, dict]:
+        r = call("GET", routes.LORA_ADAPTERS)
+        if r.status_code != 200:
+            return {}
+        return {PurePath(a["path"]).stem: {"lora": [{"id": a["id"], "scale": 1.0}]}
+                for a in r.json() if isinstance(a, dict) and "path" in a and "id" in a}
 
     def slot_action(self, call: Call, slot: int, action: str, filename: str | None) -> dict:
         """POST /slots/ID?action=save|restore|erase ({filename} for the first two: a plain

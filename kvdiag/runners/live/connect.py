@@ -19,6 +19,8 @@ def connect(base_url: str, model: str, api_key: str | None, suite: Suite,
     endpoint = Endpoint(base_url, model, api_key)
     endpoint.reuse_chunk = settings.reuse_chunk
     served = endpoint.check()
+    if settings.adapter is not None:
+        served += list(endpoint.adapters)  # llama.cpp's, named by a field of their own
     if settings.adapter is not None and settings.adapter not in served:
         raise EndpointError(f"{base_url} does not serve the adapter {settings.adapter!r} (it serves: "
                             f"{', '.join(map(str, served))})")

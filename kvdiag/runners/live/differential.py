@@ -11,7 +11,8 @@ K/V depends on; each pair leaves exactly one of those parts different:
                 repeated one block later, or spliced after another         wrong position
                 request's first block
     namespace   the same tokens under another cache_salt, under the    ... serves another
-                adapter, and after a cache reset                           tenant's K/V
+                adapter (and new tokens under the adapter, then the        tenant's K/V
+                base model), and after a cache reset
 
 The prompts are token ids cut from the suite's own prompts (so any model's vocabulary), sent
 as /v1/completions with ids: no chat template stands between a pair. vLLM's lookup stops at
@@ -92,6 +93,12 @@ def pairs(material: list[int], block: int, adapter: str | None) -> list[Pair]:
     out.append(Pair("other salt", "namespace", a, salt=f"kvdiag-diff-{uuid.uuid4().hex[:12]}"))
     if adapter is not None:
         out.append(Pair("adapter", "namespace", a, model=adapter))
+        # the other way: tokens no base request sent, under the adapter first, then under the
+        # base model, which must not read the adapter's K/V (llama.cpp b11434 does, to a request
+        # that names no adapter after one that did on its slot)
+        fresh = sub(c, [0], 0)
+        out += [Pair("adapter first", "namespace", fresh, model=adapter),
+                Pair("base after adapter", "namespace", fresh)]
     out.append(Pair("after reset", "namespace", a, reset=True))
     return out
 

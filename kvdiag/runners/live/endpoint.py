@@ -8,6 +8,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import httpx
 
@@ -84,6 +85,12 @@ class Endpoint(ServerIdentity):
             raise EndpointError(f"{self.base} does not serve model {self.model!r} (it serves: {', '.join(map(str, ids))})")
         return ids
 
+    @cached_property
+    def adapters(self) -> dict[str, dict]:
+        """LoRA adapters served beside the models (llama.cpp's /lora-adapters): name -> the
+        fields a request names it with; {} where adapters are models (vLLM, SGLang)."""
+        return self.protocol.adapters(self._sync)
+
     def tokenize_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         key = json.dumps([messages, add_generation_prompt])
         if key not in self._count_cache:
@@ -133,6 +140,9 @@ class Endpoint(ServerIdentity):
         their request id (a sentinel's findings name it); `isolated`: kept off the prefix cache
         as the server's protocol does it, else in namespace `cache_salt` when given. Its
         JSON, with that id under REQUEST_ID, or EndpointError."""
+        if body.get("model") not in (None, self.model) and body["model"] in self.adapters:
+            body |= self.adapters[body["model"]]  # an adapter the server names by a field of its own
+            body["model"] = self.model
         if isolated:
             self.protocol.isolate(body)
         elif cache_salt is not None:

@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,15 @@ from kvdiag.engines.llamacpp.protocol import LLAMACPP
 from kvdiag.errors import KvdiagError
 
 ROOT = Path(__file__).resolve().parents[3]
+
+
+def _gguf_or_skip() -> Path:
+    from kvdiag.models.gguf_import import packaged_gguf
+
+    try:
+        return packaged_gguf()
+    except KvdiagError as e:
+        pytest.skip(f"{e} (make real-model)")
 
 
 def test_every_fault_is_one_patch_and_every_patch_a_fault():
@@ -48,13 +58,17 @@ def test_every_fix_is_one_patch_of_its_own_folder_and_builds_under_its_own_name(
                     reason="no llama.cpp tree: make llamacpp-env")
 @pytest.mark.parametrize("name", [*FAULTS, *FIXES])
 def test_every_patch_applies_to_the_sdists_tree(name, tmp_path):
+    """Each in the order its build applies them: a fix written on other fixes after theirs."""
     tree = build.root() / "src" / "llama.cpp"
-    for f in build.patched_files(build.patch_file(name)):
+    chain = build.patch_chain(name)
+    assert chain[-1] == build.patch_file(name)
+    for f in {f for p in chain for f in build.patched_files(p)}:
         (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(tree / f, tmp_path / f)
-    run = subprocess.run(["patch", "-p1", "--dry-run", "--batch", "-i", str(build.patch_file(name))],
-                         cwd=tmp_path, capture_output=True, text=True)
-    assert run.returncode == 0, run.stdout + run.stderr
+    for patch in chain:
+        run = subprocess.run(["patch", "-p1", "--batch", "-i", str(patch)], cwd=tmp_path,
+                             capture_output=True, text=True)
+        assert run.returncode == 0, run.stdout + run.stderr
 
 
 def test_a_patch_that_no_longer_applies_names_the_fault_and_the_file(tmp_path, monkeypatch):
@@ -320,3 +334,78 @@ def test_the_slot_phase_is_bounded_and_its_under_hits_counted_per_group(tmp_path
                      "lifecycle restore": (1, 60, 61, 0, 0)}
     paged = LifePlan(plan.requests, {}, {}, kind="blocks")
     assert not key_coverage(None, store, [], server, {}, True, namespaces=True, life=paged).oracle.hits
+
+
+def test_the_adapter_negates_its_rows_and_leaves_the_rest():
+    """kvdiag-lora, made from SmolLM2's GGUF: W + (alpha / rank) B @ A negates the chosen rows
+    of every layer's K (KV head 0) and Q (the heads reading it), and nothing else: within the
+    adapter q.k is the base model's; across models those pairs' share of the score flips."""
+    import gguf
+    import numpy as np
+
+    from kvdiag.engines.llamacpp.lora import PAIRS, build
+
+    model = _gguf_or_skip()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = build(model, Path(tmp) / "a.gguf")
+        adapter = gguf.GGUFReader(out)
+        base = {t.name: t for t in gguf.GGUFReader(model).tensors}
+        lora = {t.name: t for t in adapter.tensors}
+        kind = bytes(adapter.fields["general.type"].parts[-1]).decode()
+        alpha = float(adapter.fields["adapter.lora.alpha"].parts[-1][0])
+        assert kind == "adapter" and len(lora) == 2 * 2 * 30  # A and B, for K and Q, 30 layers
+        for layer in (0, 29):
+            for name, heads in (("attn_k", 1), ("attn_q", 3)):
+                t = base[f"blk.{layer}.{name}.weight"]
+                w = gguf.quants.dequantize(t.data, t.tensor_type).reshape(int(t.shape[1]), int(t.shape[0]))
+                a = np.array(lora[f"blk.{layer}.{name}.weight.lora_a"].data)
+                b = np.array(lora[f"blk.{layer}.{name}.weight.lora_b"].data)
+                rank = a.shape[0]
+                assert rank == heads * 2 * PAIRS and b.shape == (w.shape[0], rank)
+                got = w + alpha / rank * (b @ a)
+                flipped = np.abs(got + w).max(axis=1) < 1e-4  # rows now -W
+                assert flipped.sum() == rank and np.allclose(got[~flipped], w[~flipped])
+                assert all(r % 64 >= 64 - 2 * PAIRS for r in np.flatnonzero(flipped))  # low-frequency pairs
+
+
+def test_an_adapter_is_asked_for_by_its_field_and_a_base_request_names_none(monkeypatch):
+    """llama.cpp serves adapters beside its model (/lora-adapters, by id): a request under
+    kvdiag-lora carries "lora" [{id, scale 1}] and the served model's name; a base request no
+    field at all (as a user's would: the path #26207 left open). vLLM's adapters are models."""
+    import asyncio
+
+    import httpx
+
+    from kvdiag.engines.protocol import OPENAI
+    from kvdiag.runners.live.endpoint import Endpoint
+
+    listed = [{"id": 0, "path": "/cache/kvdiag-lora.gguf", "scale": 0.0}, {"id": 1, "path": "x/other.gguf"}]
+    call = lambda method, path, **kw: httpx.Response(200, json=listed)  # noqa: E731
+    assert LLAMACPP.adapters(call) == {"kvdiag-lora": {"lora": [{"id": 0, "scale": 1.0}]},
+                                       "other": {"lora": [{"id": 1, "scale": 1.0}]}}
+    assert LLAMACPP.adapters(lambda *a, **kw: httpx.Response(404)) == {} and OPENAI.adapters(call) == {}
+    ep = Endpoint("http://127.0.0.1:9", "smollm2")
+    ep.__dict__.update(protocol=LLAMACPP, adapters=LLAMACPP.adapters(call), _identity=("llamacpp", "b1"))
+    sent = []
+
+    async def answer(method, path, json=None, headers=None):
+        sent.append(json)
+        return httpx.Response(200, json={"choices": [{"text": "x", "finish_reason": "length"}],
+                                         "usage": {"prompt_tokens": 2, "completion_tokens": 1}})
+
+    monkeypatch.setattr(ep, "_async", answer)
+    asyncio.run(ep.complete([1, 2], 1, model="kvdiag-lora"))
+    asyncio.run(ep.complete([1, 2], 1))
+    assert sent[0]["lora"] == [{"id": 0, "scale": 1.0}] and sent[0]["model"] == "smollm2"
+    assert "lora" not in sent[1] and sent[1]["model"] == "smollm2"
+
+
+def test_the_differential_phase_sends_new_tokens_under_the_adapter_then_the_base_model():
+    from kvdiag.runners.live.differential import pairs
+
+    material = list(range(1000, 1400))
+    names = {p.name: p for p in pairs(material, 16, "kvdiag-lora")}
+    first, after, other = names["adapter first"], names["base after adapter"], names["other"]
+    assert first.model == "kvdiag-lora" and after.model is None and first.ids == after.ids
+    assert first.ids[0] != other.ids[0] and first.ids[1:] == other.ids[1:]  # no base request's prefix
+    assert not {"adapter first", "base after adapter"} & {p.name for p in pairs(material, 16, None)}
