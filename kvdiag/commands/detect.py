@@ -30,7 +30,6 @@ from kvdiag.verdicts.detection import audit_caught_by, isolation_caught_by, prob
 
 HEALTHY = "healthy"
 PATHS = ("audit", "live")
-ADAPTER = "canary-lora"
 
 
 def choose(engine: EngineSpec, faults: list[str] | None, paths: list[str]) -> tuple[list[str], list[str]]:
@@ -111,7 +110,7 @@ def live_row(engine: EngineSpec, name: str, fault: Fault | None, suite: str, cas
         return why
     target = engine.target_kind + ("" if fault is None else f":{name}")
     mode = fault.live if fault else "probe"
-    adapter = ADAPTER if fault is not None and fault.adapter else None
+    adapter = engine.adapter if fault is not None and fault.adapter else None
     info(f"live: {target} ({mode})")
     t0 = time.perf_counter()
     try:

@@ -53,10 +53,13 @@ class Fault:
     # path of the detection matrix (audit, live) -> why the fault cannot be reached there on
     # these machines; such a row is shown inconclusive with the reason, never counted as caught
     unreachable: dict[str, str] = field(default_factory=dict)
+    # an engine planted by source patch (llama.cpp): fixes whose patches go in first, so the
+    # fault is planted into a build that passes the traffic it needs
+    after: tuple[str, ...] = ()
 
     @property
     def adapter(self) -> bool:
-        """Whether its live run needs the server to serve the canary's adapter."""
+        """Whether its live run needs the server to serve its engine's adapter."""
         return self.live.endswith("-adapter")
 
 

@@ -61,6 +61,7 @@ class EngineSpec:
     no_audit: str | None = None  # why `kvdiag detect` has no model-free audit of it; None: it has
     sentinel: bool = False  # its kvdiag plugin runs a sentinel (KVDIAG_SENTINEL, kvdiag.sentinel)
     protocol_object: str = "kvdiag.engines.protocol:OPENAI"  # what it speaks beyond OpenAI's API
+    adapter: str = "canary-lora"  # the LoRA adapter its local target serves (kvdiag.engines.local)
 
     @property
     def target_kind(self) -> str:
@@ -110,7 +111,7 @@ ENGINES = MappingProxyType({s.name: s for s in (
                CacheCounters("llamacpp:prompt_tokens_queried_total",
                              "llamacpp:prompt_tokens_cached_total",
                              waiting=("llamacpp:requests_deferred",)),
-               protocol_object="kvdiag.engines.llamacpp.protocol:LLAMACPP",
+               protocol_object="kvdiag.engines.llamacpp.protocol:LLAMACPP", adapter="kvdiag-lora",
                no_audit="kvdiag replays vLLM's allocator only; llama.cpp's slots are probed live"),
 )})
 

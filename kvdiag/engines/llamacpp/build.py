@@ -100,11 +100,11 @@ def patch_file(fault: str) -> Path:
 
 
 def patch_chain(fault: str) -> list[Path]:
-    """The patches a build applies, in order: a fix written on other fixes has theirs first."""
-    from kvdiag.engines.llamacpp.faults import FIXES
+    """The patches a build applies, in order: a fix or fault written on fixes has theirs first."""
+    from kvdiag.engines.llamacpp.faults import FAULTS, FIXES
 
-    fix = FIXES.get(fault)
-    return [patch_file(name) for name in (fix.after if fix else ())] + [patch_file(fault)]
+    found = FIXES.get(fault) or FAULTS.get(fault)
+    return [patch_file(name) for name in (found.after if found else ())] + [patch_file(fault)]
 
 
 def patched_files(patch: Path) -> list[str]:

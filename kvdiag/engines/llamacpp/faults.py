@@ -88,6 +88,19 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
         "a request for n > 1 completions whose children take slots that held other prompts",
         event="n-children",
     ),
+    Fault(
+        "adapter-switch-keeps", "an adapter switch keeps the slot (key coverage: the adapter)",
+        "a request that names other LoRA adapters than its slot ran keeps the slot's cells, "
+        "computed under those adapters: the adapter is no part of what the slot's prefix is "
+        "matched on. Planted into the fixed build (adapter-keyed), whose LoRA row passes",
+        "tools/server/server-context.cpp: launch_slot_with_task, the lora change's clear",
+        ("llama.cpp #26207 (an adapter's K/V reused for another adapter; fixed there for "
+         "explicit switches, the path this plant takes back out)",),
+        (CORRUPTS_OUTPUT,),
+        "the same tokens under the base model, then under the adapter (the differential "
+        "phase's adapter pair; the shared phase's rounds alternate)",
+        live="probe-adapter", after=("upstream-fixes", "adapter-keyed"),
+    ),
 )}
 
 
