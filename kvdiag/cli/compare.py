@@ -41,6 +41,10 @@ def compare(
                                             "lifecycle phase (kvdiag probe --help).")] = True,
     require: Annotated[str | None, typer.Option("--require", show_default=False, help="Events every "
                                                 "probe must reach, as kvdiag probe takes them.")] = None,
+    adapter: Annotated[str | None, typer.Option("--adapter", show_default=False, help="A LoRA adapter "
+                                                "every target serves, as kvdiag probe takes it "
+                                                "(canary-lora for vllm-local on the canary, "
+                                                "kvdiag-lora for llamacpp-local).")] = None,
     no_text: NoTextOpt = False,
     out_dir: OutOpt = None,
     as_json: JsonOpt = False,
@@ -68,7 +72,7 @@ def compare(
 
     out = Output(as_json)
     settings = ProbeSettings(concurrency=concurrency, differential=differential, lifecycle=lifecycle,
-                             require=parse_events(require))
+                             require=parse_events(require), adapter=adapter)
     args = ProbeArgs(suite=suite, case=case, model=model, api_key=api_key, settings=settings,
                      sessions=sessions, sessions_format=sessions_format, no_text=no_text)
     result = run(targets, args, out_dir=out_dir, info=out.info, warn=out.warn, progress=out.progress)

@@ -75,7 +75,9 @@ def probe(
                                                 "the server serves: rounds alternate between the base "
                                                 "model and it, each judged against an isolated twin of "
                                                 "its own model (reaches an adapter missing from the "
-                                                "block hash).")] = None,
+                                                "block hash). A target kvdiag starts makes its own: "
+                                                "canary-lora (vllm-local on the canary), kvdiag-lora "
+                                                "(llamacpp-local, from the GGUF).")] = None,
     isolation: Annotated[str, typer.Option("--isolation", help="How isolated runs are made: auto "
                                            "(a fresh cache_salt each where the server takes it), salt "
                                            "(required), or reset (POST /reset_prefix_cache before each, "

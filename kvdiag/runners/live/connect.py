@@ -20,10 +20,10 @@ def connect(base_url: str, model: str, api_key: str | None, suite: Suite,
     endpoint.reuse_chunk = settings.reuse_chunk
     served = endpoint.check()
     if settings.adapter is not None:
-        served += list(endpoint.adapters)  # llama.cpp's, named by a field of their own
-    if settings.adapter is not None and settings.adapter not in served:
-        raise EndpointError(f"{base_url} does not serve the adapter {settings.adapter!r} (it serves: "
-                            f"{', '.join(map(str, served))})")
+        served += list(endpoint.adapters)  # a model (vLLM, SGLang), or named by a field (llama.cpp)
+        if settings.adapter not in served:
+            raise EndpointError(f"{base_url} does not serve the adapter {settings.adapter!r} (it "
+                                f"serves: {', '.join(map(str, served))})")
     who = {"engine": endpoint.identity(), "model_label": endpoint.model_label(),
            "counters": endpoint.counters}  # asked now: the phases close the endpoint
     server = read_server_cache(endpoint, suite.block_size, block_size=settings.block_size,
