@@ -57,10 +57,13 @@ def venv(dists, tmp_path_factory) -> Path:
     return where / "bin"
 
 
-def test_wheel_carries_the_bundled_suites_and_canary_byte_for_byte(dists) -> None:
+def test_wheel_carries_the_bundled_suites_canary_and_patches_byte_for_byte(dists) -> None:
     with zipfile.ZipFile(dists["wheel"]) as wheel:
+        # and llama.cpp's faults and fixes, each a patch its target builds from
         for folder, inside in ((ROOT / "suites", "kvdiag/_bundled/suites"),
-                               (ROOT / "fixtures" / "canary", "kvdiag/_bundled/canary")):
+                               (ROOT / "fixtures" / "canary", "kvdiag/_bundled/canary"),
+                               (ROOT / "kvdiag/engines/llamacpp/patches", "kvdiag/engines/llamacpp/patches"),
+                               (ROOT / "kvdiag/engines/llamacpp/fixes", "kvdiag/engines/llamacpp/fixes")):
             files = sorted(p for p in folder.iterdir() if p.is_file())
             assert files
             for path in files:
