@@ -25,7 +25,6 @@ the server's list as loaded, here the base model)."""
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from kvdiag.errors import KvdiagError
@@ -97,13 +96,10 @@ def build(model: Path, out: Path) -> Path:
 
 def ensure_adapter(model: Path) -> Path:
     """The adapter for `model`, built once into kvdiag's cache (keyed by the model's bytes)."""
+    from kvdiag.models.gguf_import import file_sha256
     from kvdiag.paths import cache_root
 
-    digest = hashlib.sha256()
-    with open(model, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    out = cache_root() / "llamacpp-lora" / digest.hexdigest()[:16] / f"{NAME}.gguf"
+    out = cache_root() / "llamacpp-lora" / file_sha256(model)[:16] / f"{NAME}.gguf"
     if not out.is_file():
         partial = out.with_suffix(".partial")
         build(model, partial)

@@ -63,3 +63,14 @@ async def stream_and_close(endpoint: Endpoint, token_ids: list[int], after: int 
             await asyncio.gather(killer, return_exceptions=True)
     return {"sent": sent, "first_token": state["first"], "closed": time.time(),
             "tokens_seen": state["seen"], "aborted": state["aborted"]}
+
+
+async def cancel_request(endpoint: Endpoint, q, observed: dict, decode_after: int, **options) -> dict:
+    """Lifecycle request `q` (a LifeRequest) streamed and cancelled as its group says: closed
+    before its first token (cancel-prefill) or after `decode_after` tokens (cancel-decode);
+    `options` go to stream_and_close. Recorded in observed["cancels"], as events.py reads it;
+    the caller then sends `q` again, answered and judged."""
+    after = 0 if q.group == "cancel-prefill" else decode_after
+    seen = await stream_and_close(endpoint, list(q.ids), after, **options)
+    observed.setdefault("cancels", []).append({"j": q.j, "group": q.group} | seen)
+    return seen

@@ -40,7 +40,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from kvdiag.runners.live.cancel import stream_and_close
+from kvdiag.runners.live.cancel import cancel_request, stream_and_close
 from kvdiag.runners.live.endpoint import Endpoint
 from kvdiag.runners.live.events import PREEMPTIONS, delta
 from kvdiag.runners.live.identity import every_server
@@ -107,9 +107,8 @@ async def lifecycle_phase(endpoint: Endpoint, life: LifePlan, store: RoundStore,
         # its steps with the dedup burst, so it takes about twice this one's)
         abort_after = (None if q.group != "cancel-prefill" or prefill is None else
                        prefill * len(q.ids) * (k + 1) / (CANCEL_PREFILLS + 2))
-        seen = await stream_and_close(endpoint, list(q.ids), 0 if q.group == "cancel-prefill" else 4,
-                                               cache_salt=f"{run_salt}-{q.salt}", abort_after=abort_after)
-        observed.setdefault("cancels", []).append({"j": q.j, "group": q.group} | seen)
+        seen = await cancel_request(endpoint, q, observed, 4, cache_salt=f"{run_salt}-{q.salt}",
+                                    abort_after=abort_after)
         await one(q, cancelled_tokens=seen["tokens_seen"])
 
 

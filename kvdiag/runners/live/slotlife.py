@@ -44,7 +44,7 @@ import asyncio
 import uuid
 from collections.abc import Callable
 
-from kvdiag.runners.live.cancel import stream_and_close
+from kvdiag.runners.live.cancel import cancel_request
 from kvdiag.runners.live.lifeplan import ANSWER, LIFE, LifePlan, LifeRequest
 from kvdiag.vocab import CANCELS
 
@@ -159,9 +159,7 @@ async def slots_phase(endpoint, life: LifePlan, store, tick: Callable[[], None],
             continue
         # a task the server goes on with until it finds its client gone: the same prompt,
         # pinned to the slot after it, waits for the slot and reads what the task left there
-        seen = await stream_and_close(endpoint, list(q.ids), 0 if q.group == CANCELS[0] else CUT,
-                                      max_tokens=4 * ANSWER, id_slot=PINNED)
-        observed.setdefault("cancels", []).append({"j": q.j, "group": q.group} | seen)
+        await cancel_request(endpoint, q, observed, CUT, max_tokens=4 * ANSWER, id_slot=PINNED)
         await one(q, PINNED)
 
 
