@@ -68,7 +68,8 @@ test-all: setup
 # after `make test`, as its 90-minute budget allows.
 test-slow: test-slow-commands test-slow-rest
 
-# test-slow in two halves, each a CI rotation slot: the commands' end-to-end runs, and the rest.
+# test-slow in two halves (CI runs both in one rotation slot): the commands' end-to-end runs,
+# and the rest.
 SLOW := slow and not wheel and not vllm_live and not sglang_live and not llamacpp_live
 test-slow-commands: setup
 	$(PY) -m pytest -m "$(SLOW)" tests/kvdiag/commands
@@ -252,7 +253,7 @@ LLAMACPP_URL := https://files.pythonhosted.org/packages/19/81/707dfe93d705af576e
 LLAMACPP_SHA256 := b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
 LLAMACPP_SERVER := $(LLAMACPP_DIR)/build/bin/llama-server
 
-.PHONY: llamacpp-src llamacpp-env test-llamacpp-live test-llamacpp-live-core test-llamacpp-live-plants
+.PHONY: llamacpp-src llamacpp-env test-llamacpp-live test-llamacpp-live-core test-llamacpp-live-fixes test-llamacpp-live-plants
 $(LLAMACPP_DIR)/src/.unpacked:
 	mkdir -p $(LLAMACPP_DIR)/src
 	test -f $(LLAMACPP_DIR)/$(LLAMACPP_SDIST) || curl -fsSL -o $(LLAMACPP_DIR)/$(LLAMACPP_SDIST) $(LLAMACPP_URL)
@@ -270,10 +271,12 @@ $(LLAMACPP_SERVER): $(LLAMACPP_DIR)/src/.unpacked
 llamacpp-src: $(LLAMACPP_DIR)/src/.unpacked  # the tree alone: what a planted fault is built from
 llamacpp-env: $(LLAMACPP_SERVER)
 
-# Real llama-server in the loop on SmolLM2 (its GGUF from `make real-model`), all slow, in two
+# Real llama-server in the loop on SmolLM2 (its GGUF from `make real-model`), all slow, in three
 # CI rotation slots, each under one cold build of about 10 min on 2 cores:
 #   core    tests/kvdiag/engines/test_llamacpp_live.py: the stock build in its configuration
-#           rows, the chunk bound, the upstream fixes (a patched binary), a GGUF that fails
+#           rows, the chunk bound, the LoRA row, a GGUF that fails
+#   fixes   tests/kvdiag/engines/test_llamacpp_fixes_live.py: the fixes' binary (upstream's and
+#           kvdiag's adapter fix) and the plant written on it, built from the tree alone
 #   plants  tests/kvdiag/engines/test_llamacpp_plants_live.py: each planted fault, its binary
 #           built from the tree on first use (the first about 10 min cold, then a recompile
 #           of the files its patch touches); no stock build needed
@@ -281,6 +284,8 @@ llamacpp-env: $(LLAMACPP_SERVER)
 LLAMACPP_TESTS = KVDIAG_LLAMACPP_DIR=$(LLAMACPP_DIR) $(PY) -m pytest -m llamacpp_live
 test-llamacpp-live-core: setup llamacpp-env real-model
 	$(LLAMACPP_TESTS) tests/kvdiag/engines/test_llamacpp_live.py
+test-llamacpp-live-fixes: setup llamacpp-src real-model
+	$(LLAMACPP_TESTS) tests/kvdiag/engines/test_llamacpp_fixes_live.py
 test-llamacpp-live-plants: setup llamacpp-src real-model
 	$(LLAMACPP_TESTS) tests/kvdiag/engines/test_llamacpp_plants_live.py
-test-llamacpp-live: test-llamacpp-live-core test-llamacpp-live-plants
+test-llamacpp-live: test-llamacpp-live-core test-llamacpp-live-fixes test-llamacpp-live-plants

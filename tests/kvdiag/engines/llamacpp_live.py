@@ -1,6 +1,7 @@
 """What the live llama.cpp tests share: their marks (skipped without the build), SmolLM2's
-GGUF, and a probe run as a user runs it. test_llamacpp_live.py holds the stock build and the
-fixes, test_llamacpp_plants_live.py the planted faults: a CI rotation slot each."""
+GGUF, and a probe run as a user runs it. test_llamacpp_live.py holds the stock build,
+test_llamacpp_fixes_live.py the fixes and the plant written on them,
+test_llamacpp_plants_live.py the other planted faults: a CI rotation slot each."""
 
 from __future__ import annotations
 

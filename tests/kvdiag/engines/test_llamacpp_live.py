@@ -12,12 +12,11 @@ style by `--target llamacpp-local[:FIX]`:
 - the LoRA row (`--adapter kvdiag-lora`, an adapter made from the model): the stock build
   fails, a request naming no adapter served the K/V an adapter request left in its slot
   (#26207's exposure left open), found by the over-hit oracle and by the answers;
-- the fixes (`adapter-keyed`: the upstream fixes and kvdiag's adapter fix) pass that row
-  with every event reached, their pinned requests restored from the RAM cache;
 - a GGUF that does not load is exit 2 with llama.cpp's own error line.
 
-The planted faults are in test_llamacpp_plants_live.py. Skipped without the build or the
-package; a CI rotation slot of its own (make test-llamacpp-live-core)."""
+The fixes are in test_llamacpp_fixes_live.py, the planted faults in
+test_llamacpp_plants_live.py. Skipped without the build or the package; a CI rotation slot of
+its own (make test-llamacpp-live-core)."""
 
 from __future__ import annotations
 
@@ -137,27 +136,6 @@ def test_the_stock_build_fails_the_lora_row(gguf, tmp_path):
     assert pairs["adapter first"]["cached"] == 0  # an explicit switch clears: that path was fixed
     examples = summary["key_coverage"]["oracle"]["examples"]
     assert any("base after adapter" in e["what"] for e in examples), examples
-
-
-def test_the_fixes_pass_the_lora_row_and_their_pinned_requests_hit_the_ram_cache(gguf, tmp_path):
-    """adapter-keyed: PR #27624 and PR #28992 written into b11434 (fixes/upstream-fixes.patch),
-    then the adapter fix (fixes/adapter-keyed.patch). With the LoRA adapter and every row
-    reached: PASS, the base request after the adapter's hits nothing, and a request pinned to
-    a slot that idle-slot caching emptied now looks the RAM prompt cache up (the stock build
-    divides 0 by 0 there and skips it: #28139, an under-hit, which no verdict calls
-    corruption)."""
-    run, summary = probe("llamacpp-local:adapter-keyed", tmp_path / "p", "--adapter", "kvdiag-lora",
-                         "--require", "all")
-    assert run.returncode == 0 and summary is not None, run.stderr[-3000:]
-    assert summary["verdict"] == "pass" and summary["key_coverage"]["oracle"]["over_hits"] == 0
-    pairs = {p["name"]: p for p in summary["key_coverage"]["differential"]}
-    assert pairs["base after adapter"]["cached"] == 0, pairs["base after adapter"]
-    ram = {r["event"]: r for r in summary["events"]}["ram-cache"]
-    print("LLAMACPP-FIXED", json.dumps(ram["server"]))
-    assert ram["server"]["restored_pinned"] > 0, ram
-    account = {a["group"]: a for a in summary["key_coverage"]["oracle"]["accounting"]}
-    assert account["lifecycle erase"]["none"] == account["lifecycle pinned"]["none"] == 0, account
-    assert "b11434-fix-adapter-keyed@llamacpp-local:adapter-keyed" in summary["signature"]
 
 
 def test_a_gguf_that_does_not_load_is_exit_2_with_llamacpps_error(gguf, tmp_path):

@@ -1,0 +1,60 @@
+"""The fixes to real llama.cpp and the plant written on them, each a binary built from the
+pinned sdist's tree alone (no stock build: the tree's first build about 10 min cold, then a
+recompile of the files each patch chain touches), probed in natural style on SmolLM2's GGUF:
+
+- the fixes (`adapter-keyed`: the upstream fixes and kvdiag's adapter fix) pass the LoRA row
+  with every event reached, their pinned requests restored from the RAM cache;
+- `adapter-switch-keeps`, planted into that fixed build, fails by the adapter pair's
+  over-hit.
+
+The stock build's LoRA row (a FAIL) is in test_llamacpp_live.py. Skipped without the tree or
+the package; a CI rotation slot of its own (make test-llamacpp-live-fixes)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.kvdiag.engines.llamacpp_live import PLANT_MARKS, gguf_or_skip, probe
+
+pytestmark = PLANT_MARKS
+
+
+@pytest.fixture(scope="module")
+def gguf():
+    return gguf_or_skip()
+
+
+def test_the_fixes_pass_the_lora_row_and_their_pinned_requests_hit_the_ram_cache(gguf, tmp_path):
+    """adapter-keyed: PR #27624 and PR #28992 written into b11434 (fixes/upstream-fixes.patch),
+    then the adapter fix (fixes/adapter-keyed.patch). With the LoRA adapter and every row
+    reached: PASS, the base request after the adapter's hits nothing, and a request pinned to
+    a slot that idle-slot caching emptied now looks the RAM prompt cache up (the stock build
+    divides 0 by 0 there and skips it: #28139, an under-hit, which no verdict calls
+    corruption)."""
+    run, summary = probe("llamacpp-local:adapter-keyed", tmp_path / "p", "--adapter", "kvdiag-lora",
+                         "--require", "all")
+    assert run.returncode == 0 and summary is not None, run.stderr[-3000:]
+    assert summary["verdict"] == "pass" and summary["key_coverage"]["oracle"]["over_hits"] == 0
+    pairs = {p["name"]: p for p in summary["key_coverage"]["differential"]}
+    assert pairs["base after adapter"]["cached"] == 0, pairs["base after adapter"]
+    ram = {r["event"]: r for r in summary["events"]}["ram-cache"]
+    print("LLAMACPP-FIXED", json.dumps(ram["server"]))
+    assert ram["server"]["restored_pinned"] > 0, ram
+    account = {a["group"]: a for a in summary["key_coverage"]["oracle"]["accounting"]}
+    assert account["lifecycle erase"]["none"] == account["lifecycle pinned"]["none"] == 0, account
+    assert "b11434-fix-adapter-keyed@llamacpp-local:adapter-keyed" in summary["signature"]
+
+
+
+def test_an_adapter_switch_that_keeps_the_slot_fails_by_the_adapter_pairs_over_hit(gguf, tmp_path):
+    """Planted into the fixed build (adapter-keyed), whose LoRA row passes: the tokens asked
+    under the base model, then under the adapter, are served the base model's K/V."""
+    run, summary = probe("llamacpp-local:adapter-switch-keeps", tmp_path / "p", "--adapter", "kvdiag-lora")
+    assert run.returncode == 1 and summary is not None, run.stderr[-3000:]
+    pairs = {p["name"]: p for p in summary["key_coverage"]["differential"]}
+    print("LLAMACPP-ADAPTER-PLANT", pairs["adapter"], summary["corrupted_requests"])
+    assert summary["verdict"] == "fail" and pairs["adapter"]["cached"] > pairs["adapter"]["bound"] == 0
+    assert pairs["base after adapter"]["cached"] == 0  # the fix under the plant still holds
+    assert "b11434-fault-adapter-switch-keeps@llamacpp-local:adapter-switch-keeps" in summary["signature"]
