@@ -30,6 +30,27 @@ def build_canary(
         console.print(f"{digest}  {out / name}")
 
 
+@app.command("build-hybrid-canary")
+@handle_errors
+def build_hybrid_canary(
+    out: Annotated[Path, typer.Option("--out", help="Directory to write the checkpoint into.")] = Path("build/canary-hybrid"),
+    window: Annotated[int, typer.Option("--window", min=11, help="Tokens the first layer's sliding "
+                                        "window covers (at least 11: the canary's first layer looks "
+                                        "back 10).")] = 32,
+) -> None:
+    """Build the hybrid canary: the canary's weights with its first layer a sliding-window
+    layer, so vLLM serves it with two KV cache groups (docs/sentinel.md). Its answers are the
+    canary's. Probe it with --model OUT.
+
+    Example: kvdiag fixtures build-hybrid-canary --out build/canary-hybrid
+    """
+    from kvdiag.canary.hybrid import build_hybrid_canary as build
+
+    console = Output().out
+    for name, digest in build(out, window).items():
+        console.print(f"{digest}  {out / name}")
+
+
 @app.command("import-gguf")
 @handle_errors
 def import_gguf(

@@ -43,11 +43,16 @@ class SentinelBlock(BaseModel):
     requests: int
     reads: int = Field(description="slot reads checked")
     writes: int
-    unchecked: int = Field(description="request-steps it could not check (a hybrid model's "
-                           "other cache groups, token ids it did not have)")
+    unchecked: int = Field(description="request-steps it could not check (a KV cache group that "
+                           "is not attention, token ids it did not have)")
     foreign: int
     unwritten: int
     overwrite: int
+    groups: list[str] = Field(default_factory=list, description="the KV cache groups it followed "
+                              "('full attention', 'sliding window N'; 'not followed' for another "
+                              "kind); empty where the engine has one table per request")
+    zeroed: int = Field(0, description="blocks the workers zeroed before a step")
+    copies: int = Field(0, description="copy-on-write block copies it applied")
     findings: list[SentinelFinding] = Field(default_factory=list, description="the first 20")
     findings_total: int = 0
     rounds: list[SentinelRound] = Field(default_factory=list)

@@ -63,4 +63,6 @@ class Counters:
     foreign: int = 0  # positions reported, by kind
     unwritten: int = 0
     overwrite: int = 0
+    zeroed: int = 0  # blocks the workers zeroed before a step (unwritten again)
+    copies: int = 0  # copy-on-write block copies applied
     seconds: float = 0.0  # spent checking, in the engine's own process (the sentinel's cost)

@@ -22,6 +22,18 @@ under test. What it trusts: that the workers write where the scheduler told them
 
 A position is reported once per request (the first step it read it wrong); counters say how
 much was checked, so a sentinel that saw nothing is told apart from one that found nothing.
+
+A model with more than one KV cache group (vLLM's hybrid models: sliding-window layers beside
+full attention) gets a ledger per group over one `Slots` store, as its groups share one pool
+and one set of tensors (a block is one group's at a time, and holds that group's layers' K/V):
+
+    full     = Ledger(16, report, slots=store, group=0)
+    sliding  = Ledger(16, report, slots=store, group=1, window=32)
+
+A group's writes are stamped with its number, so a block read in one group where another
+group last wrote it is foreign. A sliding-window group reads only the window of the positions
+a step computes ([computed - window + 1, end)): the blocks before it are freed by design (a
+null block or a stale id in the table), and no write into them is judged.
 """
 
 from __future__ import annotations
@@ -59,23 +71,48 @@ def _ranges(positions: np.ndarray) -> list[tuple[int, int]]:
             for a, b in zip(starts[:MAX_RANGES], ends[:MAX_RANGES])]
 
 
+class Slots:
+    """The writer of every KV slot of one pool: a fingerprint and a request number per slot
+    (grown on demand), shared by the ledgers of a model's KV cache groups."""
+
+    def __init__(self) -> None:
+        self.fp = np.zeros(1 << 16, dtype=np.int64)
+        self.writer = np.full(1 << 16, -1, dtype=np.int64)  # index into names
+        self.names: list[str] = []  # request number -> rid (about 100 bytes a request)
+        self.numbers: dict[str, int] = {}
+        self.fate: dict[int, str] = {}  # request number -> cancelled / finished
+
+    def grow(self, size: int) -> None:
+        if size > len(self.fp):
+            n = max(size, 2 * len(self.fp))
+            self.fp = np.concatenate([self.fp, np.zeros(n - len(self.fp), np.int64)])
+            self.writer = np.concatenate([self.writer, np.full(n - len(self.writer), -1, np.int64)])
+
+
+def _stamp(group: int) -> int:
+    """What a group's fingerprints are xor-ed with in the shared store (0 for group 0)."""
+    return 0 if group == 0 else (0x9E3779B97F4A7C15 * group) & 0x7FFF_FFFF_FFFF_FFFF
+
+
 class Ledger:
     """The writer of every slot, and the check of every read. `report(finding)` is called for
     each finding as it is made. `overwrites`: also check writes into blocks other live
     requests map (an engine that remaps a running request's table to other slots, as SGLang
     does when it frees a request's duplicate of a cached prefix, passes False: there a
-    write into a slot the request no longer reads is no harm, and only reads are judged)."""
+    write into a slot the request no longer reads is no harm, and only reads are judged).
+    `slots`, `group`, `window`: one KV cache group of several (above); a window turns the
+    overwrite check off."""
 
-    def __init__(self, block_size: int, report=lambda finding: None, overwrites: bool = True) -> None:
+    def __init__(self, block_size: int, report=lambda finding: None, overwrites: bool = True,
+                 slots: Slots | None = None, group: int = 0, window: int | None = None) -> None:
         self.block_size = block_size
         self.report = report
-        self.overwrites = overwrites
+        self.overwrites = overwrites and not window
+        self.window = window
+        self.stamp = _stamp(group)
         self.counters = Counters()
-        self.writer_fp = np.zeros(1 << 16, dtype=np.int64)  # per slot; grows
-        self.writer_id = np.full(1 << 16, -1, dtype=np.int64)  # index into self.names
-        self.names: list[str] = []  # request number -> rid (about 100 bytes a request)
-        self.numbers: dict[str, int] = {}
-        self.fate: dict[int, str] = {}  # request number -> cancelled / finished
+        self.store = slots if slots is not None else Slots()
+        self.names, self.numbers, self.fate = self.store.names, self.store.numbers, self.store.fate
         self.live: dict[str, _Request] = {}
         self.holders: dict[int, set[str]] = {}  # block id -> live requests that map it
 
@@ -87,7 +124,7 @@ class Ledger:
             if number is None:
                 number = self.numbers[rid] = len(self.names)
                 self.names.append(rid)
-                self.counters.requests += 1
+                self.counters.requests += 1  # by the group that saw it first
             req = self.live[rid] = _Request(number)
         return req
 
@@ -115,15 +152,17 @@ class Ledger:
         """The workers zero `block` before the forward pass: its slots hold nobody's K/V."""
         bs = self.block_size
         self._grow((block + 1) * bs)
-        self.writer_fp[block * bs:(block + 1) * bs] = UNWRITTEN
-        self.writer_id[block * bs:(block + 1) * bs] = -1
+        self.store.fp[block * bs:(block + 1) * bs] = UNWRITTEN
+        self.store.writer[block * bs:(block + 1) * bs] = -1
+        self.counters.zeroed += 1
 
     def copy(self, src: int, dst: int) -> None:
         """Copy-on-write: the workers copy block `src` into `dst` before the forward pass."""
         bs = self.block_size
         self._grow((max(src, dst) + 1) * bs)
-        for a in (self.writer_fp, self.writer_id):
+        for a in (self.store.fp, self.store.writer):
             a[dst * bs:(dst + 1) * bs] = a[src * bs:(src + 1) * bs]
+        self.counters.copies += 1
 
     def _map(self, rid: str, req: _Request, table: Sequence[int]) -> None:
         """Point the request at `table`, keeping block -> holders in step. A table that only
@@ -158,10 +197,7 @@ class Ledger:
         self._grow(int(req.slots.max()) + 1 if len(req.slots) else 0)
 
     def _grow(self, size: int) -> None:
-        if size > len(self.writer_fp):
-            n = max(size, 2 * len(self.writer_fp))
-            self.writer_fp = np.concatenate([self.writer_fp, np.zeros(n - len(self.writer_fp), np.int64)])
-            self.writer_id = np.concatenate([self.writer_id, np.full(n - len(self.writer_id), -1, np.int64)])
+        self.store.grow(size)
 
     # --- one step -------------------------------------------------------------------------
     def step(self, items: list[Scheduled]) -> None:
@@ -203,8 +239,8 @@ class Ledger:
         slots, values = req.slots[start:end], req.fps.values(start, end)
         if self.overwrites:
             self._check_overwrite(item, slots, values)
-        self.writer_fp[slots] = values
-        self.writer_id[slots] = req.number
+        self.store.fp[slots] = values ^ self.stamp if self.stamp else values
+        self.store.writer[slots] = req.number
         req.computed = end
         self.counters.writes += end - start
 
@@ -233,9 +269,12 @@ class Ledger:
                         [item.rid], item.context, [self._fate(self.live[item.rid].number)])
 
     def _read(self, item: Scheduled, req: _Request, end: int) -> None:
-        got = self.writer_fp[req.slots[:end]]
-        self.counters.reads += end
-        bad = got != req.fps.values(0, end)  # fingerprints are never UNWRITTEN
+        # a window reads what the step's first query sees and after; full attention all of it
+        start = max(0, item.computed - self.window + 1) if self.window else 0
+        got = self.store.fp[req.slots[start:end]]
+        self.counters.reads += end - start
+        want = req.fps.values(start, end)
+        bad = got != (want ^ self.stamp if self.stamp else want)  # fingerprints are never UNWRITTEN
         if not bad.any():
             return
         if req.reported is None or len(req.reported) < end:
@@ -243,17 +282,17 @@ class Ledger:
             if req.reported is not None:
                 grown[:len(req.reported)] = req.reported
             req.reported = grown
-        bad &= ~req.reported[:end]
+        bad &= ~req.reported[start:end]
         if not bad.any():
             return
-        req.reported[:end] |= bad
+        req.reported[start:end] |= bad
         unwritten = bad & (got == UNWRITTEN)
         foreign = bad & ~unwritten
         if unwritten.any():
-            self._found("unwritten", item.rid, np.flatnonzero(unwritten), end, [], item.context, [])
+            self._found("unwritten", item.rid, start + np.flatnonzero(unwritten), end, [], item.context, [])
         if foreign.any():
-            pos = np.flatnonzero(foreign)
-            numbers = list(dict.fromkeys(self.writer_id[req.slots[pos]].tolist()))[:3]
+            pos = start + np.flatnonzero(foreign)
+            numbers = list(dict.fromkeys(self.store.writer[req.slots[pos]].tolist()))[:3]
             self._found("foreign", item.rid, pos, end, [self.names[n] for n in numbers if n >= 0],
                         item.context, [self._fate(n) for n in numbers if n >= 0])
 

@@ -46,8 +46,10 @@ def sentinel_covered(block) -> str:
     if block is None:
         return ""
     unchecked = f", {block.unchecked} request-steps unchecked" if block.unchecked else ""
+    groups = f" in {len(block.groups)} KV cache groups ({', '.join(block.groups)})" \
+        if len(block.groups) > 1 else ""
     return (f"; sentinel: {block.steps} steps, {block.requests} requests, {block.reads} KV slot "
-            f"reads checked, 0 foreign, 0 unwritten{unchecked} ({block.trusts})")
+            f"reads checked{groups}, 0 foreign, 0 unwritten{unchecked} ({block.trusts})")
 
 
 def judge_sentinel(block) -> Judgement:

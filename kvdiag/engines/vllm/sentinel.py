@@ -14,8 +14,11 @@ What it reads, all of it handed to the workers or the request's own:
 It never reads block hashes, ref counts or the free queue. Hooked at update_from_output (the
 step's sampled tokens are not appended yet, every token it wrote is known, with or without
 async scheduling); requests are remembered from schedule() on, so one aborted in between is
-still checked. Only the first KV cache group (full attention) is followed: a hybrid model's
-other groups are counted as unchecked, never passed.
+still checked. Every KV cache group of attention is followed, each by a ledger of its own over
+one store of slots (a hybrid model's groups share the pool and its tensors): full attention
+reads the whole context, a sliding-window group the window a step's queries see, where the
+blocks before it are freed and a null block stands in. A group of another kind (a state
+space's, say) is counted as unchecked, never passed.
 
     undo = install("reports/run/sentinel.jsonl")   # from kvdiag's vLLM plugin
 """
@@ -25,8 +28,8 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from kvdiag.sentinel.facts import Scheduled, namespace_of
-from kvdiag.sentinel.ledger import Ledger
+from kvdiag.sentinel.facts import Counters, Scheduled, namespace_of
+from kvdiag.sentinel.ledger import Ledger, Slots
 from kvdiag.sentinel.log import SentinelLog
 
 # what the sentinel reads; a vLLM whose SchedulerOutput lacks one is refused, not half-checked
@@ -55,12 +58,44 @@ def check_version() -> None:
                            f"{', '.join(missing)}: refusing to run a sentinel that cannot see")
 
 
+def attention_groups(scheduler) -> list[tuple[int, int | None] | None]:
+    """Per KV cache group, what the sentinel follows: (block size, sliding window or None),
+    or None for a group that is not attention over a block table of its own."""
+    fallback = scheduler.block_size if hasattr(scheduler, "block_size") else scheduler.cache_config.block_size
+    groups = getattr(getattr(scheduler, "kv_cache_config", None), "kv_cache_groups", None)
+    if not groups:
+        return [(fallback, None)]
+    found = []
+    for group in groups:
+        spec = group.kv_cache_spec
+        kind = type(spec).__name__
+        if kind in ("FullAttentionSpec", "MLAAttentionSpec"):
+            found.append((spec.block_size, None))
+        elif kind == "SlidingWindowSpec":
+            found.append((spec.block_size, spec.sliding_window))
+        else:
+            found.append(None)
+    return found
+
+
+def merged(ledgers: list[Ledger], skipped: Counters) -> Counters:
+    """One model's counters over its groups' ledgers: steps once, everything else summed."""
+    total = Counters(steps=max((led.counters.steps for led in ledgers), default=0),
+                     unchecked=skipped.unchecked)
+    for led in ledgers:
+        for name in ("requests", "reads", "writes", "unchecked", "foreign", "unwritten", "overwrite",
+                     "zeroed", "copies", "seconds"):
+            setattr(total, name, getattr(total, name) + getattr(led.counters, name))
+    return total
+
+
 class VllmSentinel:
     """The ledger fed from one vLLM scheduler."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.ledger: Ledger | None = None
+        self.ledgers: list[Ledger | None] = []  # one per KV cache group (None: not followed)
+        self.skipped = Counters()  # request-steps no ledger took (unknown request, group not followed)
         self.log: SentinelLog | None = None
         self.requests: dict[str, object] = {}  # rid -> vLLM Request, from schedule() on
         self.waiting_since: dict[str, int] = {}  # rid -> the step it was first seen waiting
@@ -70,11 +105,24 @@ class VllmSentinel:
 
     def _start(self, scheduler) -> None:
         vllm = sys.modules.get("vllm")  # the engine's own process has it (a test may not)
-        block_size = scheduler.block_size if hasattr(scheduler, "block_size") else \
-            scheduler.cache_config.block_size
-        self.log = SentinelLog(self.path, {"engine": "vllm", "version": getattr(vllm, "__version__", None),
-                                           "block_size": block_size})
-        self.ledger = Ledger(block_size, self.log.finding)
+        groups = attention_groups(scheduler)
+        followed = [g for g in groups if g is not None]
+        self.log = SentinelLog(self.path, {
+            "engine": "vllm", "version": getattr(vllm, "__version__", None),
+            "block_size": followed[0][0] if followed else None,
+            "groups": [None if g is None else {"block_size": g[0], "window": g[1]} for g in groups]})
+        # one store when the groups' slots line up (vLLM gives a hybrid model's attention
+        # groups one block size); a store each otherwise
+        shared = Slots() if len({g[0] for g in followed}) == 1 else None
+        self.ledgers = [None if g is None else
+                        Ledger(g[0], self.log.finding, slots=shared if shared is not None else Slots(),
+                               group=k, window=g[1])
+                        for k, g in enumerate(groups)]
+
+    @property
+    def ledger(self) -> Ledger | None:
+        """The first followed group's ledger (a model of one group has only that)."""
+        return next((led for led in self.ledgers if led is not None), None)
 
     def scheduled(self, scheduler, output) -> None:
         """After schedule(): remember the requests it scheduled, and who is waiting."""
@@ -87,19 +135,25 @@ class VllmSentinel:
 
     def step(self, scheduler, output) -> None:
         """Before update_from_output(): the step the workers just ran."""
-        if self.ledger is None:
+        if not self.ledgers:
             self._start(scheduler)
-        ledger = self.ledger
+        ledgers = [led for led in self.ledgers if led is not None]
+        # zeroing and copies act on the pool's blocks, whichever group holds them
+        stores = list({id(led.store): led for led in ledgers}.values())
         for rid in output.finished_req_ids:
-            ledger.finish(rid, cancelled=rid in self.cancelled)
+            for led in ledgers:
+                led.finish(rid, cancelled=rid in self.cancelled)
             self._forget(rid)
         for rid in getattr(output, "preempted_req_ids", None) or ():
-            ledger.preempt(rid)
+            for led in ledgers:
+                led.preempt(rid)
             self.chunks.pop(rid, None)
         for block in getattr(output, "new_block_ids_to_zero", None) or ():
-            ledger.zero(block)
+            for led in stores:
+                led.zero(block)
         for copy in getattr(output, "kv_cache_block_copies", None) or ():
-            ledger.copy(copy[0], copy[1])
+            for led in stores:
+                led.copy(copy[0], copy[1])
         items = []
         for new in output.scheduled_new_reqs:
             context = []
@@ -120,23 +174,22 @@ class VllmSentinel:
                 context.append(f"prefix-cache hit of {cached.num_computed_tokens[i]} tokens")
             items.append(self._item(rid, cached.new_block_ids[i], again, cached.num_computed_tokens[i],
                                     output, context))
-        ledger.step([it for it in items if it is not None])
-        self.log.counters(ledger.counters)
+        for k, led in enumerate(self.ledgers):
+            if led is not None:
+                led.step([it[k] for it in items if it is not None])
+            else:
+                self.skipped.unchecked += sum(it is not None for it in items)
+        self.log.counters(merged(ledgers, self.skipped))
 
     def _item(self, rid: str, block_ids, resumed: bool | None, computed: int, output,
-              context: list[str]) -> Scheduled | None:
+              context: list[str]) -> list[Scheduled | None] | None:
+        """The request's share of the step, one Scheduled per KV cache group (None where a
+        group is not followed)."""
         request = self.requests.get(rid)
         if request is None:
-            self.ledger.counters.unchecked += 1
+            self.skipped.unchecked += 1
             return None
-        ledger = self.ledger
         groups = block_ids or ()
-        if resumed is None or resumed:  # a table of its own: a new request, or a resumed one
-            table = list(groups[0]) if groups else []
-        else:  # appended, as the workers append it
-            table = ledger.table_of(rid) + (list(groups[0]) if groups else [])
-        if len(groups) > 1:
-            ledger.counters.unchecked += len(groups) - 1  # a hybrid model's other groups
         new = output.num_scheduled_tokens[rid]
         prompt = request.num_prompt_tokens
         if computed < prompt:
@@ -148,7 +201,20 @@ class VllmSentinel:
         lora = getattr(request, "lora_request", None)
         namespace = namespace_of(getattr(request, "cache_salt", None),
                                  getattr(lora, "lora_name", None) if lora else None)
-        return Scheduled(rid, table, computed, new, request.all_token_ids, namespace, tuple(context))
+        shares = []
+        for k, led in enumerate(self.ledgers):
+            if led is None:
+                shares.append(None)
+                continue
+            given = list(groups[k]) if k < len(groups) else []
+            # a new or resumed request's table is its own; otherwise appended, as the workers do
+            table = given if resumed is None or resumed else led.table_of(rid) + given
+            where = context if len(self.ledgers) == 1 else [
+                *context, f"KV cache group {k}: " + (f"sliding window {led.window}" if led.window
+                                                      else "full attention")]
+            shares.append(Scheduled(rid, table, computed, new, request.all_token_ids, namespace,
+                                    tuple(where)))
+        return shares
 
     def finishing(self, request_ids, status) -> None:
         """finish_requests() from outside the scheduler: an abort marks the writer cancelled."""

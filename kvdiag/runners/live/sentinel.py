@@ -76,7 +76,14 @@ def observe(source: str | Path, since: int = 0, store=None,
         source=str(source), engine=head.get("engine"), version=head.get("version"),
         starts=len(report.starts), steps=c.steps, requests=c.requests, reads=c.reads,
         writes=c.writes, unchecked=c.unchecked, foreign=c.foreign, unwritten=c.unwritten,
-        overwrite=c.overwrite, findings=findings[:SHOWN], findings_total=len(findings),
+        overwrite=c.overwrite, groups=group_names(head.get("groups")), zeroed=c.zeroed, copies=c.copies,
+        findings=findings[:SHOWN], findings_total=len(findings),
         rounds=[SentinelRound(round=r, requests=len(v["requests"]), bad_reads=v["bad"],
                               share=round(v["share"], 4)) for r, v in sorted(per_round.items())])
     return block, per_request
+
+
+def group_names(groups: list | None) -> list[str]:
+    """The KV cache groups a start line lists, as the summary names them."""
+    return [("not followed" if g is None else f"sliding window {g['window']}" if g.get("window")
+             else "full attention") for g in (groups or [])]

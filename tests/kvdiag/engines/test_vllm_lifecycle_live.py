@@ -251,3 +251,48 @@ def test_metrics_parse():  # no server: the counter pattern reads vLLM's exposit
                                    base_url="http://x")
     got = asyncio.run(_counters(Fake()))
     assert got["num_preemptions_total"] == 6.0 and got["num_requests_waiting"] == 3.0
+
+
+@pytest.mark.parametrize("row", ["healthy", "prefix-match-unit 16", "published-before-written"])
+def test_the_hybrid_canary_is_followed_in_both_kv_cache_groups(tmp_path, row):
+    """The hybrid canary (the canary's weights, its first layer a sliding window of 32) served
+    by vLLM as two KV cache groups. Healthy, with every event reached: PASS, the sentinel
+    following both groups (the window's freed blocks and null blocks never read as bad).
+    With --prefix-match-unit 16 (accepted for a model of two groups; refused for one): vLLM
+    0.32 serves sub-block hits only beside a Mamba state group (partial_hash_hits_enabled), so
+    every hit stays on the 32-token grid and no copy-on-write is ordered, which this asserts
+    so a vLLM that starts serving them shows here. A lifecycle plant: FAIL, its bad reads found
+    in each group."""
+    import pandas as pd
+
+    from kvdiag.canary.hybrid import WINDOW, build_hybrid_canary
+
+    model = tmp_path / "canary-hybrid"
+    build_hybrid_canary(model)
+    target = "vllm-local:published-before-written" if row == "published-before-written" else "vllm-local"
+    extra = {"healthy": ["--require", "all"], "prefix-match-unit 16": ["--engine-arg=--prefix-match-unit=16"]}
+    out = tmp_path / "p"
+    run = subprocess.run([sys.executable, "-m", "kvdiag", "probe", "--target", target, "--model", str(model),
+                          "--suite", "smoke", "--out", str(out), "--json", *extra.get(row, [])],
+                         capture_output=True, text=True, timeout=1800)
+    summary = json.loads(run.stdout) if run.stdout.strip() else {}
+    sentinel = summary.get("sentinel") or {}
+    cached = pd.read_parquet(out / "results.parquet")["cached_tokens"].dropna().astype(int)
+    print("HYBRID", row, json.dumps({k: sentinel.get(k) for k in ("reads", "foreign", "unwritten", "groups",
+                                                                   "copies", "zeroed")}),
+          summary.get("verdict"), int((cached > 0).sum()))
+    assert sentinel.get("groups") == [f"sliding window {WINDOW}", "full attention"], sentinel
+    assert sentinel["reads"] > 0 and sentinel["unchecked"] == 0
+    if row == "published-before-written":
+        assert run.returncode == 1 and summary["verdict"] == "fail", summary.get("reason")
+        seen = {c for f in sentinel["findings"] for c in f["context"] if c.startswith("KV cache group")}
+        assert seen == {f"KV cache group 0: sliding window {WINDOW}", "KV cache group 1: full attention"}, seen
+        return
+    assert run.returncode == 0 and summary["verdict"] == "pass", (summary.get("reason"), run.stderr[-3000:])
+    assert sentinel["foreign"] == sentinel["unwritten"] == sentinel["overwrite"] == 0
+    assert "in 2 KV cache groups" in summary["reason"]
+    if row == "healthy":
+        assert all(r["reached"] for r in summary["events"]), summary["events"]
+    else:
+        assert (cached > 0).sum() > 0 and (cached % 32 == 0).all(), sorted(set(cached % 32))
+        assert sentinel["copies"] == 0

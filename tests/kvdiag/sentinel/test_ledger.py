@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from kvdiag.sentinel.facts import Scheduled, namespace_of
-from kvdiag.sentinel.ledger import Ledger
+from kvdiag.sentinel.ledger import Ledger, Slots
 from kvdiag.sentinel.log import SentinelLog, read_report
 
 BS = 4
@@ -44,6 +44,54 @@ def test_a_block_rewritten_under_its_reader_is_an_overwrite_then_a_foreign_read(
     assert foreign.writer_context == ["live"] and foreign.context_len == 9
     led.step([Scheduled("a", [1, 2, 7], 9, 1, a + [8, 9])])  # the same positions: reported once
     assert sum(f.kind == "foreign" for f in found) == 1
+
+
+def hybrid(window=6):
+    """A full-attention group and a sliding-window group over one pool (vLLM's hybrid model)."""
+    found, store = [], Slots()
+    return (Ledger(BS, found.append, slots=store, group=0),
+            Ledger(BS, found.append, slots=store, group=1, window=window), found)
+
+
+def test_a_sliding_window_reads_only_its_window_and_its_freed_blocks_may_go_to_others():
+    full, sliding, found = hybrid(window=6)
+    a = list(range(12))
+    sliding.step([Scheduled("a", [1, 2, 3], 0, 12, a)])
+    # positions 0..3 fell out of a's window: block 1 is freed and handed to b, which writes it
+    sliding.step([Scheduled("b", [1], 0, 4, [60, 61, 62, 63])])
+    sliding.step([Scheduled("a", [1, 2, 3, 4], 12, 1, a + [12])])  # reads 7..12 only
+    assert found == [] and sliding.counters.reads == 12 + 4 + 6
+    # the same steps read as full attention would see another request's K/V at 0..3
+    flat, seen = ledger()
+    flat.step([Scheduled("a", [1, 2, 3], 0, 12, a)])
+    flat.step([Scheduled("b", [1], 0, 4, [60, 61, 62, 63])])
+    flat.step([Scheduled("a", [1, 2, 3, 4], 12, 1, a + [12])])
+    assert [f.kind for f in seen] == ["overwrite", "foreign"]
+
+
+def test_a_prefix_hit_in_a_sliding_group_reads_the_window_behind_a_null_block():
+    full, sliding, found = hybrid(window=6)
+    a = list(range(12))
+    sliding.step([Scheduled("a", [1, 2, 3], 0, 12, a)])
+    # b hits a's 12 tokens: vLLM's table holds the null block (0) for what is out of window
+    sliding.step([Scheduled("b", [0, 2, 3, 5], 12, 1, a + [40])])
+    assert found == []
+    # a table with the null block inside the window (position 7) and a block nobody wrote
+    sliding.step([Scheduled("c", [0, 0, 7, 5], 12, 1, a + [41])])
+    assert [(f.kind, f.request, f.positions) for f in found] == [("unwritten", "c", [(7, 12)])]
+
+
+def test_a_block_one_group_wrote_read_by_another_group_is_foreign():
+    full, sliding, found = hybrid()
+    a = list(range(8))
+    full.step([Scheduled("a", [1, 2], 0, 8, a)])
+    # block 2 freed from the full group and handed to the sliding group's b, which writes it;
+    # then the full group's c hits a's prefix over block 2: the same tokens, another layer's K/V
+    sliding.step([Scheduled("b", [2], 0, 4, [4, 5, 6, 7])])
+    full.step([Scheduled("c", [1, 2, 9], 8, 1, a + [8], context=("prefix-cache hit of 8 tokens",))])
+    (f,) = [f for f in found if f.request == "c"]
+    assert (f.kind, f.positions, f.writers) == ("foreign", [(4, 8)], ["b"])
+    assert full.counters.requests + sliding.counters.requests == 3  # each request counted once
 
 
 def test_a_hit_on_a_block_nobody_wrote_is_unwritten():

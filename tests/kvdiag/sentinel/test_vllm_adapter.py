@@ -6,6 +6,7 @@ read in the live tests (tests/kvdiag/engines/test_vllm_lifecycle_live.py)."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace as NS
 
 from kvdiag.engines.vllm.sentinel import VllmSentinel
@@ -126,3 +127,57 @@ def test_a_vllm_whose_scheduler_output_lacks_a_field_is_refused_by_version(monke
         monkeypatch.setitem(sys.modules, name, module)
     with pytest.raises(RuntimeError, match=r"vLLM 9\.9\.9.*SchedulerOutput\.num_scheduled_tokens"):
         check_version()
+
+
+# a hybrid model's KV cache groups, as vLLM's kv_cache_config names their specs
+class FullAttentionSpec(NS):
+    pass
+
+
+class SlidingWindowSpec(NS):
+    pass
+
+
+class MambaSpec(NS):
+    pass
+
+
+class Hybrid(Scheduler):
+    def __init__(self, *requests, specs):
+        super().__init__(*requests)
+        self.kv_cache_config = NS(kv_cache_groups=[NS(kv_cache_spec=s) for s in specs])
+
+
+def hybrid_output(new=(), cached=()):
+    """new: (rid, tables per group, computed, scheduled); cached: (rid, new blocks per group,
+    computed, scheduled)."""
+    return NS(scheduled_new_reqs=[NS(req_id=r, block_ids=t, num_computed_tokens=c) for r, t, c, _ in new],
+              scheduled_cached_reqs=NS(req_ids=[c[0] for c in cached], new_block_ids=[c[1] for c in cached],
+                                       num_computed_tokens=[c[2] for c in cached], resumed_req_ids=set()),
+              num_scheduled_tokens={**{r: n for r, _, _, n in new}, **{c[0]: c[3] for c in cached}},
+              finished_req_ids=set(), preempted_req_ids=set())
+
+
+def test_a_hybrid_model_is_followed_in_every_attention_group(tmp_path):
+    """Full attention beside a sliding window of 6: the window's out-of-window blocks are
+    null in a hit's table and are never read; a block the window needs that holds another
+    request's K/V is foreign, named in its group; a group of another kind is unchecked."""
+    a, b, c = request("a", range(12)), request("b", [*range(12), 40]), request("c", [*range(12), 41])
+    specs = [FullAttentionSpec(block_size=BS), SlidingWindowSpec(block_size=BS, sliding_window=6),
+             MambaSpec(block_size=BS)]
+    sched = Hybrid(a, b, c, specs=specs)
+    s = VllmSentinel(str(tmp_path / "s.jsonl"))
+    run(s, sched, hybrid_output(new=[("a", ([1, 2, 3], [4, 5, 6], [9]), 0, 12)]))
+    # b hits all 12 tokens: full attention shares a's blocks, the window a null block for 0..3
+    run(s, sched, hybrid_output(new=[("b", ([1, 2, 3, 7], [0, 5, 6, 8], [10]), 12, 1)]))
+    assert [len(s.ledgers), s.ledgers[2]] == [3, None] and s.ledger.counters.foreign == 0
+    full, window = s.ledgers[0].counters, s.ledgers[1].counters
+    assert (full.reads, window.reads) == (12 + 13, 12 + 6)  # the window reads positions 7..12
+    # c's window table points at a's full-attention block 2 for positions 4..7: foreign
+    run(s, sched, hybrid_output(new=[("c", ([1, 2, 3, 11], [0, 2, 6, 12], [13]), 12, 1)]))
+    lines = [json.loads(x) for x in (tmp_path / "s.jsonl").read_text().splitlines()]
+    found = [x for x in lines if x.get("type") == "finding"]
+    assert [(x["kind"], x["request"], x["positions"], x["writers"]) for x in found] == [
+        ("foreign", "c", [[7, 8]], ["a"])]
+    assert "KV cache group 1: sliding window 6" in found[0]["context"]
+    assert window.unchecked == 0 and s.skipped.unchecked == 3  # the state group, each step
