@@ -116,8 +116,10 @@ def probe(
                                                  "sentinel inside the server writes (kvdiag's "
                                                  "plugin, docs/sentinel.md): every foreign or "
                                                  "unwritten KV read it saw during the run fails it. "
-                                                 "On by default for vllm-local targets (in the run "
-                                                 "directory); 'off' turns it off.")] = None,
+                                                 "On by default for vllm-local and sglang-local targets "
+                                                 "(in the run directory); 'off' turns it off. For a "
+                                                 "server on another machine, the URL its plugin "
+                                                 "serves the file at (KVDIAG_SENTINEL_ADDR).")] = None,
     engine_args: Annotated[list[str] | None, typer.Option(
         "--engine-arg", show_default=False, help="A flag for the server a local target starts, "
         "appended to its command line (repeat it; a flag and its value as one string: "

@@ -12,9 +12,10 @@ from kvdiag.cli.common import JsonOpt, Output, handle_errors
 
 @handle_errors
 def sentinel(
-    path: Annotated[Path, typer.Argument(metavar="FILE", help="The sentinel's file (KVDIAG_SENTINEL "
-                                         "of a vLLM or SGLang with kvdiag's plugin, or kvdiag serve "
-                                         "--sentinel).")],
+    path: Annotated[str, typer.Argument(metavar="FILE", help="The sentinel's file (KVDIAG_SENTINEL "
+                                        "of a vLLM or SGLang with kvdiag's plugin, or kvdiag serve "
+                                        "--sentinel), or the URL its plugin serves it at "
+                                        "(KVDIAG_SENTINEL_ADDR).")],
     since: Annotated[int, typer.Option("--since", min=0, help="Read from this byte on (the file's "
                                        "size when your traffic began).")] = 0,
     prom: Annotated[Path | None, typer.Option("--prom", show_default=False, help="Also write its "
@@ -29,6 +30,7 @@ def sentinel(
     nothing checked (no evidence).
 
     Example: kvdiag sentinel sentinel.jsonl --prom textfile/kvdiag.prom
+    Example: kvdiag sentinel http://staging:9477/
     """
     from kvdiag.runners.live.sentinel import observe
     from kvdiag.verdicts import judge_sentinel

@@ -36,17 +36,28 @@ from kvdiag.verdicts import (
 SENTINEL_FILE = "sentinel.jsonl"
 
 
-def sentinel_path(spec, given: str | None) -> Path | bool | None:
+def sentinel_path(spec, given: str | None) -> Path | str | bool | None:
     """Where the run's sentinel writes: True for the run directory (a local engine with a
-    sentinel, by default), a checked path, or None for none. KvdiagError (exit 2): a file
-    kvdiag cannot write for a server it starts, or cannot read for one it does not."""
+    sentinel, by default), a checked path, the URL a remote server's sentinel serves its file
+    at, or None for none. KvdiagError (exit 2): a file kvdiag cannot write for a server it
+    starts, or cannot read for one it does not; a URL that does not answer as a sentinel."""
     from kvdiag.sentinel.log import check_writable
+    from kvdiag.sentinel.serve import fetch, is_url
 
     if given == "off":
         return None
     local = spec.is_local and spec.engine.sentinel
     if given is None:
         return True if local else None
+    if is_url(given):
+        if spec.is_local:
+            raise KvdiagError(f"--sentinel {given}: a server kvdiag starts writes its sentinel to a "
+                              "file (give a path); a URL is for a server somebody else runs")
+        try:
+            fetch(given, timeout=10)
+        except OSError as e:
+            raise KvdiagError(f"--sentinel {e}") from None
+        return given
     try:
         if spec.is_local:
             return check_writable(given)

@@ -7,7 +7,8 @@ server found is still there. Three kinds of line:
                                                                          half second of work
 
 `read_report(path)` sums a file that several server starts appended to: each start's last
-counters, every finding. A line cut by a kill is skipped.
+counters, every finding. A line cut by a kill is skipped. `path` may be the URL a sentinel
+serves its file at (serve.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kvdiag.sentinel.facts import Counters, Finding
+from kvdiag.sentinel.serve import fetch, is_url
 
 ENV = "KVDIAG_SENTINEL"  # the path an engine's kvdiag plugin writes its sentinel file to
 
@@ -102,7 +104,7 @@ def read_report(path: str | Path, since: int = 0) -> SentinelReport:
                 setattr(report.counters, k, getattr(report.counters, k) + got)
 
     at, start = 0, None
-    for raw in Path(path).read_bytes().splitlines(keepends=True):
+    for raw in _content(path).splitlines(keepends=True):
         before, at = at, at + len(raw)
         try:
             row = json.loads(raw)
@@ -129,6 +131,11 @@ def read_report(path: str | Path, since: int = 0) -> SentinelReport:
 def size_of(path: str | Path) -> int:
     """Where a run that begins now starts reading the file (0 when there is none yet)."""
     try:
-        return Path(path).stat().st_size
+        return len(_content(path)) if is_url(path) else Path(path).stat().st_size
     except FileNotFoundError:
         return 0
+
+
+def _content(path: str | Path) -> bytes:
+    """The file's bytes, from disk or from the URL a sentinel serves it at (serve.py)."""
+    return fetch(str(path)) if is_url(path) else Path(path).read_bytes()

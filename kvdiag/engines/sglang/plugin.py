@@ -71,6 +71,11 @@ def _sentinel(path: str) -> None:
     install(path)
     log.warning("kvdiag: SENTINEL on in this SGLang process (pid %d): every KV read checked, "
                 "findings in %s", os.getpid(), path)
+    from kvdiag.sentinel.serve import ADDR_ENV, serve
+
+    addr = os.environ.get(ADDR_ENV, "").strip()
+    if addr and serve(path, addr) is not None:  # the file over HTTP too (kvdiag.sentinel.serve)
+        log.warning("kvdiag: the sentinel's file served at http://%s/ (pid %d)", addr, os.getpid())
 
 
 def plant(name: str) -> None:

@@ -36,6 +36,16 @@ def _sentinel() -> None:
     _watching.append(path)
     log.warning("kvdiag: SENTINEL on in this vLLM (pid %d): every KV read checked, findings "
                 "in %s", os.getpid(), path)
+    _serve(path)
+
+
+def _serve(path: str) -> None:
+    """The file over HTTP too, when $KVDIAG_SENTINEL_ADDR asks (kvdiag.sentinel.serve)."""
+    from kvdiag.sentinel.serve import ADDR_ENV, serve
+
+    addr = os.environ.get(ADDR_ENV, "").strip()
+    if addr and serve(path, addr) is not None:
+        log.warning("kvdiag: the sentinel's file served at http://%s/ (pid %d)", addr, os.getpid())
 
 
 def register() -> None:

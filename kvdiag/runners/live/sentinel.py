@@ -50,6 +50,8 @@ def observe(source: str | Path, since: int = 0, store=None,
     except FileNotFoundError:
         raise KvdiagError(f"no sentinel file at {source} (was the server started with kvdiag's "
                           "plugin and KVDIAG_SENTINEL? docs/sentinel.md)") from None
+    except OSError as e:  # a URL that stopped answering
+        raise KvdiagError(f"sentinel at {source}: {e}") from None
     names = _names(store)
     findings, per_round, per_request = [], {}, {}
     for row in report.findings:

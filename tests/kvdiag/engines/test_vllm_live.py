@@ -151,3 +151,31 @@ def test_unknown_fault_is_refused_before_anything_starts(tmp_path):
     with pytest.raises(KvdiagError, match="unknown vLLM fault"):
         VllmLocal(CANARY, fault="no-such-fault", log_path=tmp_path / "never.log")
     assert not (tmp_path / "never.log").exists()
+
+
+def test_a_users_server_is_read_over_its_sentinels_url(tmp_path_factory, tmp_path, monkeypatch):
+    """A server kvdiag did not start, with the plugin's sentinel served over HTTP
+    (KVDIAG_SENTINEL_ADDR): probed by --base-url with --sentinel URL, the PASS names what the
+    sentinel checked; `kvdiag sentinel URL`, the command a team runs on its own traffic, reads
+    the same file."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("KVDIAG_SENTINEL_ADDR", f"127.0.0.1:{port}")
+    url = f"http://127.0.0.1:{port}/"
+    (tmp_path / "server").mkdir()
+    server = VllmLocal(CANARY, block_size=BLOCK, num_blocks=smoke_pool(), max_model_len=MAX_LEN,
+                       log_path=tmp_path_factory.mktemp("vllm-url") / "vllm.log", served_model="canary",
+                       sentinel=tmp_path / "server" / "sentinel.jsonl")
+    with server:
+        code, summary, err = _probe(server, tmp_path / "p", "--sentinel", url)
+        read = subprocess.run([sys.executable, "-m", "kvdiag", "sentinel", url, "--json"],
+                              capture_output=True, text=True, timeout=120)
+    assert code == 0 and summary["verdict"] == "pass", (summary.get("reason"), err[-2000:])
+    sentinel = summary["sentinel"]
+    assert sentinel["source"] == url and sentinel["reads"] > 0 and sentinel["foreign"] == 0
+    assert "KV slot reads checked" in summary["reason"]
+    assert read.returncode == 0, read.stderr[-1000:]
+    assert json.loads(read.stdout)["reads"] >= sentinel["reads"]
