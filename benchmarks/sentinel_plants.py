@@ -29,6 +29,12 @@ def lifecycle_plants(engine: str) -> list[str]:
     return [name for name, f in engine_spec(engine).catalog().items() if f.event]
 
 
+def event_of(engine: str, fault: str | None) -> str | None:
+    from kvdiag.engines.spec import engine_spec
+
+    return engine_spec(engine).catalog()[fault].event if fault else None
+
+
 def one(engine: str, fault: str | None, out: Path) -> dict:
     target = f"{engine}-local" + (f":{fault}" if fault else "")
     run = subprocess.run([sys.executable, "-m", "kvdiag", "probe", "--target", target, "--suite",
@@ -45,8 +51,11 @@ def one(engine: str, fault: str | None, out: Path) -> dict:
         f"{f['kind']} {f['where'] or f['request']} positions {f['positions'][:2]} "
         f"writer {(f['writers_where'] or [None])[0] or (f['writers'] or ['-'])[0]} "
         f"({', '.join(f['writer_context'])}) step {f['step']} [{'; '.join(f['context'])}]")
+    event = event_of(engine, fault)
+    reached = {r["event"]: r["reached"] for r in s.get("events") or []}.get(event)
     return {"exit": run.returncode, "verdict": s["verdict"], "sentinel_bad": bad,
-            "reads": sentinel.get("reads", 0), "answers": s["corrupted_requests"], "first": first}
+            "reads": sentinel.get("reads", 0), "answers": s["corrupted_requests"], "first": first,
+            "event": "-" if event is None else f"{event} {'reached' if reached else 'NOT reached'}"}
 
 
 def main() -> None:
@@ -62,7 +71,7 @@ def main() -> None:
     for fault in faults:
         for k in range(args.runs):
             r = one(args.engine, None if fault == "healthy" else fault, root / f"{fault}-{k}")
-            print(f"{fault:26s} run {k + 1}: {r['verdict']:12s} sentinel bad reads "
+            print(f"{fault:26s} run {k + 1}: {r['verdict']:12s} event {r.get('event', '-')}; sentinel bad reads "
                   f"{r.get('sentinel_bad', '-')} of {r.get('reads', '-')} checked; answers departed "
                   f"{r.get('answers', '-')}; first: {r.get('first', r.get('why'))}", flush=True)
             t = tally.setdefault(fault, [0, 0, 0])

@@ -44,6 +44,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from kvdiag.sentinel.facts import MAX_RANGES, Counters, Finding, Scheduled
+from kvdiag.sentinel.slots import Slots, stamp_of
 from reference_engine.provenance import UNWRITTEN, Fingerprints
 
 
@@ -71,29 +72,6 @@ def _ranges(positions: np.ndarray) -> list[tuple[int, int]]:
             for a, b in zip(starts[:MAX_RANGES], ends[:MAX_RANGES])]
 
 
-class Slots:
-    """The writer of every KV slot of one pool: a fingerprint and a request number per slot
-    (grown on demand), shared by the ledgers of a model's KV cache groups."""
-
-    def __init__(self) -> None:
-        self.fp = np.zeros(1 << 16, dtype=np.int64)
-        self.writer = np.full(1 << 16, -1, dtype=np.int64)  # index into names
-        self.names: list[str] = []  # request number -> rid (about 100 bytes a request)
-        self.numbers: dict[str, int] = {}
-        self.fate: dict[int, str] = {}  # request number -> cancelled / finished
-
-    def grow(self, size: int) -> None:
-        if size > len(self.fp):
-            n = max(size, 2 * len(self.fp))
-            self.fp = np.concatenate([self.fp, np.zeros(n - len(self.fp), np.int64)])
-            self.writer = np.concatenate([self.writer, np.full(n - len(self.writer), -1, np.int64)])
-
-
-def _stamp(group: int) -> int:
-    """What a group's fingerprints are xor-ed with in the shared store (0 for group 0)."""
-    return 0 if group == 0 else (0x9E3779B97F4A7C15 * group) & 0x7FFF_FFFF_FFFF_FFFF
-
-
 class Ledger:
     """The writer of every slot, and the check of every read. `report(finding)` is called for
     each finding as it is made. `overwrites`: also check writes into blocks other live
@@ -109,7 +87,7 @@ class Ledger:
         self.report = report
         self.overwrites = overwrites and not window
         self.window = window
-        self.stamp = _stamp(group)
+        self.stamp = stamp_of(group)
         self.counters = Counters()
         self.store = slots if slots is not None else Slots()
         self.names, self.numbers, self.fate = self.store.names, self.store.numbers, self.store.fate

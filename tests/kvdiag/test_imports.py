@@ -150,3 +150,13 @@ def test_allocator_registry_and_help_import_no_torch():
     assert not _loads_torch("from typer.testing import CliRunner; from kvdiag.cli import app; "
                             "assert CliRunner().invoke(app, ['--help']).exit_code == 0")
     assert not _loads_torch("import kvdiag.planning.suites, kvdiag.verdicts, kvdiag.vocab, kvdiag.commands.lifecycle")
+
+
+def test_modules_stay_small():
+    """Issue 38's rule for a reader: no kvdiag module over 300 lines, the median under 100."""
+    import statistics
+
+    sizes = {path.relative_to(ROOT).as_posix(): len(path.read_text().splitlines())
+             for path in (ROOT / "kvdiag").rglob("*.py")}
+    assert not {p: n for p, n in sizes.items() if n > 300}
+    assert statistics.median(sizes.values()) < 100

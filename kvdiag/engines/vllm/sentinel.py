@@ -29,8 +29,9 @@ import dataclasses
 import sys
 
 from kvdiag.sentinel.facts import Counters, Scheduled, namespace_of
-from kvdiag.sentinel.ledger import Ledger, Slots
+from kvdiag.sentinel.ledger import Ledger
 from kvdiag.sentinel.log import SentinelLog
+from kvdiag.sentinel.slots import Slots
 
 # what the sentinel reads; a vLLM whose SchedulerOutput lacks one is refused, not half-checked
 NEEDED = {

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import httpx
@@ -16,25 +15,15 @@ from kvdiag.engines import routes
 from kvdiag.errors import EndpointError, KvdiagError
 from kvdiag.runners.live import retry
 from kvdiag.runners.live.identity import ServerIdentity
-
-REQUEST_ID = "kvdiag_request_id"  # where _generate leaves the id it sent
-
-
-@dataclass
-class ChatResult:
-    text: str
-    tokens: list[str]  # generated tokens, from logprobs (empty when the server gives none)
-    top: list[list[tuple[str, float]]]  # per token: the top alternatives, best first
-    logprobs: list[float]
-    prompt_tokens: int
-    cached_tokens: int | None
-    finish_reason: str | None
-    seconds: float = 0.0
-    extra: dict = field(default_factory=dict)
-    completion_tokens: int = 0
-    sent: float = 0.0  # wall-clock times the request went out and its answer came back (the
-    done: float = 0.0  # over-hit oracle orders requests by them, across a resumed run too)
-    request_id: str = ""  # the X-Request-Id it was sent with (a sentinel's findings name it)
+from kvdiag.runners.live.replies import (  # noqa: F401 (ChatResult: where callers import it)
+    REQUEST_ID,
+    ChatResult,
+    chat_result,
+    completion_result,
+    prompt_logprobs_of,
+    timed,
+    usage_fields,
+)
 
 
 class Endpoint(ServerIdentity):
@@ -189,7 +178,7 @@ class Endpoint(ServerIdentity):
         sent = time.time()
         data = await self._generate("/v1/completions", "completion", None, body)
         order = sorted(range(len(data["choices"])), key=lambda i: data["choices"][i].get("index", i))
-        return [_timed(_completion_result(data, i), sent) for i in order]
+        return [timed(completion_result(data, i), sent) for i in order]
 
     def _completion_body(self, token_ids: list[int], max_tokens: int, top_logprobs: int,
                          model: str | None, id_slot: int | None) -> dict:
@@ -214,7 +203,7 @@ class Endpoint(ServerIdentity):
         chat = path.endswith("chat/completions")
         data = await self._generate(path, "chat completion" if chat else "completion",
                                     cache_salt, dict(body), auth, isolated)
-        return _timed((_chat_result if chat else _completion_result)(data), sent)
+        return timed((chat_result if chat else completion_result)(data), sent)
 
     async def prompt_logprobs(self, token_ids: list[int], *, cache_salt: str | None = None,
                               model: str | None = None, isolated: bool = False) -> ChatResult:
@@ -225,8 +214,8 @@ class Endpoint(ServerIdentity):
         data = await self._generate("/v1/completions", "completion", cache_salt, {
             "model": model or self.model, "prompt": list(token_ids), "max_tokens": 1,
             "temperature": 0.0, "prompt_logprobs": 0}, isolated=isolated)
-        return _timed(ChatResult(text="", tokens=[], top=[], logprobs=[], finish_reason=None,
-                                 extra={"prompt_logprobs": _prompt_logprobs(data)}, **_usage(data)),
+        return timed(ChatResult(text="", tokens=[], top=[], logprobs=[], finish_reason=None,
+                                 extra={"prompt_logprobs": prompt_logprobs_of(data)}, **usage_fields(data)),
                       sent)
 
     def prompt_logprobs_supported(self, token_ids: list[int]) -> bool:
@@ -234,7 +223,7 @@ class Endpoint(ServerIdentity):
         body = {"model": self.model, "prompt": list(token_ids), "max_tokens": 1, "prompt_logprobs": 0}
         try:
             r = self._sync("POST", "/v1/completions", json=body)
-            return r.status_code == 200 and bool(_prompt_logprobs(r.json()))
+            return r.status_code == 200 and bool(prompt_logprobs_of(r.json()))
         except (ValueError, KvdiagError):
             return False
 
@@ -268,64 +257,3 @@ class Endpoint(ServerIdentity):
                     continue
                 out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
         return self.protocol.counters(out)
-
-
-def _usage(data: dict) -> dict:
-    """ChatResult's fields from a response's usage: prompt and completion tokens, and the
-    cached tokens (None when the server reports no count); and the id it was sent under."""
-    usage = data.get("usage") or {}
-    return {"prompt_tokens": int(usage.get("prompt_tokens") or 0),
-            "completion_tokens": int(usage.get("completion_tokens") or 0),
-            "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
-            "request_id": data.get(REQUEST_ID, "")}
-
-
-def _chat_result(data: dict) -> ChatResult:
-    choice = data["choices"][0]
-    return ChatResult(text=(choice.get("message") or {}).get("content") or "",
-                      **_content_logprobs((choice.get("logprobs") or {}).get("content") or []),
-                      finish_reason=choice.get("finish_reason"), **_usage(data))
-
-
-def _content_logprobs(content: list[dict]) -> dict:
-    """The chat shape of logprobs: one {token, logprob, top_logprobs} per generated token."""
-    return {"tokens": [c["token"] for c in content],
-            "top": [[(t["token"], t["logprob"]) for t in c.get("top_logprobs") or []] for c in content],
-            "logprobs": [c["logprob"] for c in content]}
-
-
-def _completion_result(data: dict, i: int = 0) -> ChatResult:
-    """A completion's answer (choice `i`); its logprobs in the legacy shape (tokens,
-    token_logprobs, top_logprobs), or in the chat shape, as llama-server gives them for a
-    completion too."""
-    choice = data["choices"][i]
-    lp = choice.get("logprobs") or {}
-    if "content" in lp:
-        return ChatResult(text=choice.get("text") or "", **_content_logprobs(lp["content"] or []),
-                          finish_reason=choice.get("finish_reason"), **_usage(data))
-    tops = lp.get("top_logprobs") or []
-    return ChatResult(
-        text=choice.get("text") or "", tokens=list(lp.get("tokens") or []),
-        top=[sorted((top or {}).items(), key=lambda kv: -kv[1]) for top in tops],
-        logprobs=[x if x is not None else 0.0 for x in lp.get("token_logprobs") or []],
-        finish_reason=choice.get("finish_reason"), **_usage(data))
-
-
-def _timed(result: ChatResult, sent: float) -> ChatResult:
-    done = time.time()
-    return replace(result, sent=sent, done=done, seconds=done - sent)
-
-
-def _prompt_logprobs(data: dict) -> list:
-    """vLLM's prompt_logprobs (per position None or {token id: {"logprob", ...}}; top level
-    or in the choice) as [token id, logprob] per position (None for the first)."""
-    found = data.get("prompt_logprobs") or ((data.get("choices") or [{}])[0].get("prompt_logprobs"))
-    out = []
-    for position in found or []:
-        if not position:
-            out.append(None)
-            continue
-        token, entry = next(iter(position.items()))
-        out.append([int(token), float(entry["logprob"] if isinstance(entry, dict) else entry)])
-    return out
-

@@ -274,7 +274,7 @@ def test_a_completions_logprobs_in_llamacpps_chat_shape_are_read_as_its_tokens()
     (choices[0].logprobs.content); read as the legacy shape they would be no tokens at all,
     and every completion (the differential and lifecycle phases') would match its twin
     vacuously. Both shapes of one answer read the same."""
-    from kvdiag.runners.live.endpoint import _completion_result
+    from kvdiag.runners.live.replies import completion_result as _completion_result
 
     def top(tok, lp):
         return {"id": 1, "token": tok, "bytes": list(tok.encode()), "logprob": lp}

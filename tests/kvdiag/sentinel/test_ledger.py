@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 
 from kvdiag.sentinel.facts import Scheduled, namespace_of
-from kvdiag.sentinel.ledger import Ledger, Slots
+from kvdiag.sentinel.ledger import Ledger
 from kvdiag.sentinel.log import SentinelLog, read_report
+from kvdiag.sentinel.slots import Slots
 
 BS = 4
 
