@@ -1,9 +1,9 @@
 """The hybrid canary: the canary with its first layer made a sliding-window layer beside the
 full-attention second, so vLLM serves it with two KV cache groups (a sliding window's and full
 attention's), as it serves this year's hybrid models: blocks that leave the window are freed
-early and a null block stands in, and a prefix hit finer than a block is served through
-copy-on-write (`--prefix-match-unit` below the block size, which vLLM refuses for a model of
-one group).
+early and a null block stands in. (vLLM 0.32 accepts `--prefix-match-unit` below the block
+size for it, but serves sub-block hits, and their copy-on-write, only beside a Mamba group:
+docs/sentinel.md.)
 
     build_hybrid_canary(out_dir)          # the canary's weights, a config naming the window
 
@@ -50,12 +50,3 @@ def build_hybrid_canary(out_dir: Path, window: int = WINDOW, canary: Path | None
     return {name: hashlib.sha256((out_dir / name).read_bytes()).hexdigest()
             for name in ("config.json", *COPIED)}
 
-
-def ensure_hybrid_canary(window: int = WINDOW) -> Path:
-    """The hybrid canary in kvdiag's cache, built once per window (a few ms: a copy)."""
-    from kvdiag.paths import cache_root
-
-    out = cache_root() / f"canary-hybrid-w{window}"
-    if not (out / "config.json").is_file():
-        build_hybrid_canary(out, window)
-    return out

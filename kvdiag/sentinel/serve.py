@@ -3,7 +3,7 @@ $KVDIAG_SENTINEL_ADDR=HOST:PORT beside $KVDIAG_SENTINEL, the engine's kvdiag plu
 the file, read-only, at http://HOST:PORT/ (GET: the whole file as it is now), and kvdiag
 reads that URL wherever it reads the file:
 
-    KVDIAG_SENTINEL=/var/tmp/s.jsonl KVDIAG_SENTINEL_ADDR=0.0.0.0:9477 vllm serve ...
+    KVDIAG_SENTINEL=$PWD/sentinel.jsonl KVDIAG_SENTINEL_ADDR=0.0.0.0:9477 vllm serve ...
     kvdiag probe --base-url http://staging:8000 --sentinel http://staging:9477/
     kvdiag sentinel http://staging:9477/
 
@@ -35,6 +35,15 @@ def address(value: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"{ADDR_ENV}={value!r}: expected HOST:PORT")
     return host.strip("[]"), int(port)
+
+
+def serve_if_asked(path: str | Path) -> str | None:
+    """For an engine's kvdiag plugin: serve `path` where $KVDIAG_SENTINEL_ADDR says; the
+    address when this process serves it, None when none is asked or a sibling serves it."""
+    import os
+
+    addr = os.environ.get(ADDR_ENV, "").strip()
+    return addr if addr and serve(path, addr) is not None else None
 
 
 def serve(path: str | Path, addr: str) -> ThreadingHTTPServer | None:

@@ -71,10 +71,9 @@ def _sentinel(path: str) -> None:
     install(path)
     log.warning("kvdiag: SENTINEL on in this SGLang process (pid %d): every KV read checked, "
                 "findings in %s", os.getpid(), path)
-    from kvdiag.sentinel.serve import ADDR_ENV, serve
+    from kvdiag.sentinel.serve import serve_if_asked
 
-    addr = os.environ.get(ADDR_ENV, "").strip()
-    if addr and serve(path, addr) is not None:  # the file over HTTP too (kvdiag.sentinel.serve)
+    if (addr := serve_if_asked(path)) is not None:  # the file over HTTP too
         log.warning("kvdiag: the sentinel's file served at http://%s/ (pid %d)", addr, os.getpid())
 
 

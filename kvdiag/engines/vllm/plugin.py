@@ -36,15 +36,9 @@ def _sentinel() -> None:
     _watching.append(path)
     log.warning("kvdiag: SENTINEL on in this vLLM (pid %d): every KV read checked, findings "
                 "in %s", os.getpid(), path)
-    _serve(path)
+    from kvdiag.sentinel.serve import serve_if_asked
 
-
-def _serve(path: str) -> None:
-    """The file over HTTP too, when $KVDIAG_SENTINEL_ADDR asks (kvdiag.sentinel.serve)."""
-    from kvdiag.sentinel.serve import ADDR_ENV, serve
-
-    addr = os.environ.get(ADDR_ENV, "").strip()
-    if addr and serve(path, addr) is not None:
+    if (addr := serve_if_asked(path)) is not None:  # the file over HTTP too
         log.warning("kvdiag: the sentinel's file served at http://%s/ (pid %d)", addr, os.getpid())
 
 

@@ -84,9 +84,9 @@ def merged(ledgers: list[Ledger], skipped: Counters) -> Counters:
     total = Counters(steps=max((led.counters.steps for led in ledgers), default=0),
                      unchecked=skipped.unchecked)
     for led in ledgers:
-        for name in ("requests", "reads", "writes", "unchecked", "foreign", "unwritten", "overwrite",
-                     "zeroed", "copies", "seconds"):
-            setattr(total, name, getattr(total, name) + getattr(led.counters, name))
+        for f in dataclasses.fields(Counters):
+            if f.name != "steps":
+                setattr(total, f.name, getattr(total, f.name) + getattr(led.counters, f.name))
     return total
 
 
