@@ -201,8 +201,12 @@ clean:
 #    registrations that raise (idempotent; it refuses a file it does not recognise).
 # 3. Every server start needs SGLANG_USE_CPU_ENGINE=1 (otherwise the model build imports vLLM's
 #    rotary op): the launcher sets it; the check sets it too.
+# 4. SGLang's LoRA code pins host memory, which torch refuses without an accelerator: with
+#    adapters on a CPU the launcher sets KVDIAG_SGLANG_CPU_LORA=1, and the .pth below arms
+#    kvdiag/engines/sglang/cpu_lora.py (pinning made a no-op in the modules that ask).
 # kvdiag goes in --no-deps -e ., and kvdiag_sglang_faults.pth arms its fault plugin in every
-# process of the venv (SGLang spawns its scheduler and detokenizer) when $KVDIAG_SGLANG_FAULT is set.
+# process of the venv (SGLang spawns its scheduler and detokenizer) when $KVDIAG_SGLANG_FAULT,
+# $KVDIAG_SENTINEL or $KVDIAG_SGLANG_CPU_LORA is set.
 SGLANG_CPU_VENV ?= .venv-sglang-cpu
 SGLANG_CPU_PY := $(SGLANG_CPU_VENV)/bin/python
 SGLANG_SHIMS := requirements/sglang-cpu-shims

@@ -6,6 +6,7 @@ bad reads, how many requests' answers departed, and the sentinel's first finding
     python benchmarks/sentinel_plants.py                          # vLLM's lifecycle plants, 1 run each
     python benchmarks/sentinel_plants.py --runs 10 --faults ref-undercount,stale-lookup
     python benchmarks/sentinel_plants.py --faults healthy --runs 10   # false positives
+    python benchmarks/sentinel_plants.py --faults healthy --probe-args="--adapter canary-lora"
 
 Each run takes minutes on 2 CPU cores (a server start and the whole probe). The last lines
 count, per fault, the runs the sentinel failed and the runs the answers alone would have.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -35,10 +37,10 @@ def event_of(engine: str, fault: str | None) -> str | None:
     return engine_spec(engine).catalog()[fault].event if fault else None
 
 
-def one(engine: str, fault: str | None, out: Path) -> dict:
+def one(engine: str, fault: str | None, out: Path, extra: list[str]) -> dict:
     target = f"{engine}-local" + (f":{fault}" if fault else "")
     run = subprocess.run([sys.executable, "-m", "kvdiag", "probe", "--target", target, "--suite",
-                          "smoke", "--out", str(out), "--json"], capture_output=True, text=True)
+                          "smoke", "--out", str(out), "--json", *extra], capture_output=True, text=True)
     try:
         s = json.loads((out / "summary.json").read_text())
     except (OSError, json.JSONDecodeError):
@@ -52,10 +54,18 @@ def one(engine: str, fault: str | None, out: Path) -> dict:
         f"writer {(f['writers_where'] or [None])[0] or (f['writers'] or ['-'])[0]} "
         f"({', '.join(f['writer_context'])}) step {f['step']} [{'; '.join(f['context'])}]")
     event = event_of(engine, fault)
-    reached = {r["event"]: r["reached"] for r in s.get("events") or []}.get(event)
+    events = {r["event"]: r["reached"] for r in s.get("events") or []}
+    if event is not None:
+        reached = f"{event} {'reached' if events.get(event) else 'NOT reached'}"
+    else:  # a healthy run (or a plant of no one event): every event the run reached
+        reached = "reached " + (",".join(e for e, hit in events.items() if hit) or "none")
+        missed = [e for e, hit in events.items() if not hit]
+        reached += f"; not {','.join(missed)}" if missed else ""
+        adapter = (s.get("traffic") or {}).get("adapter")
+        reached += f"; LoRA rounds on {adapter}" if adapter else ""
     return {"exit": run.returncode, "verdict": s["verdict"], "sentinel_bad": bad,
             "reads": sentinel.get("reads", 0), "answers": s["corrupted_requests"], "first": first,
-            "event": "-" if event is None else f"{event} {'reached' if reached else 'NOT reached'}"}
+            "event": reached}
 
 
 def main() -> None:
@@ -64,13 +74,16 @@ def main() -> None:
     p.add_argument("--faults", default=None, help="comma-separated; 'healthy' for none "
                    "(default: the engine's lifecycle plants)")
     p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--probe-args", default="", help="more `kvdiag probe` arguments, one string "
+                   "(e.g. \"--adapter canary-lora\" for LoRA rounds on vLLM)")
     args = p.parse_args()
     faults = args.faults.split(",") if args.faults else lifecycle_plants(args.engine)
     tally = {}
     root = Path(tempfile.mkdtemp(prefix="kvdiag-sentinel-plants-"))
     for fault in faults:
         for k in range(args.runs):
-            r = one(args.engine, None if fault == "healthy" else fault, root / f"{fault}-{k}")
+            r = one(args.engine, None if fault == "healthy" else fault, root / f"{fault}-{k}",
+                    shlex.split(args.probe_args))
             print(f"{fault:26s} run {k + 1}: {r['verdict']:12s} event {r.get('event', '-')}; sentinel bad reads "
                   f"{r.get('sentinel_bad', '-')} of {r.get('reads', '-')} checked; answers departed "
                   f"{r.get('answers', '-')}; first: {r.get('first', r.get('why'))}", flush=True)

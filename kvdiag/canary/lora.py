@@ -33,10 +33,13 @@ lost fact may answer some other token rather than `unknown`; never its own value
 A sign flip of the rows R of W is W' = W - 2 P_R W: a rank-|R| update, written as LoRA
 B @ A with A = W[R] (the base rows, [r, hidden]) and B = -2 at (R[j], j) ([out, r]),
 lora_alpha = r (scaling 1). The flipped rows carry no bias (LoRA has no bias term;
-lora_tensors checks). V and layer 1 are untouched, so layer-1 K/V and every V are identical
-in both models; only layer 2's K differs. Rank 32, float32, 164 KB. Served with
+lora_tensors checks). V and layer 1 are untouched (v_proj's update is zero, there because
+SGLang loads q, k and v together), so layer-1 K/V and every V are identical in both models;
+only layer 2's K differs. Rank 32, float32, about 230 KB. Served with
 
     vllm ... --enable-lora --lora-modules canary-lora=DIR --max-lora-rank 32
+    sglang.launch_server ... --enable-lora --lora-paths canary-lora=DIR   (+ --lora-backend
+        torch_native on a CPU: kvdiag.engines.sglang.cpu_lora)
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ LAYER = 1  # layer 2 of 2: the retrieval head
 RANK = 32
 PREFIX = f"base_model.model.model.layers.{LAYER}.self_attn."  # PEFT's names, as vLLM parses them
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+FORMAT = 2  # in the cache's key: 2 added v_proj's zero update (an adapter cached before lacks it)
 
 
 def flip_dims() -> list[int]:
@@ -86,7 +90,8 @@ def read_tensors(path: Path, names: list[str] | None = None) -> dict:
 
 
 def lora_tensors(canary_dir: Path) -> dict:
-    """{PEFT tensor name: float32 array}: the rank-RANK sign flip of q_proj and k_proj."""
+    """{PEFT tensor name: float32 array}: the rank-RANK sign flip of q_proj and k_proj, and
+    v_proj's zero update."""
     import numpy as np
 
     from kvdiag.canary import design as D
@@ -115,6 +120,11 @@ def lora_tensors(canary_dir: Path) -> dict:
         B[rows, np.arange(RANK)] = -2.0
         out[PREFIX + proj + ".lora_A.weight"] = np.ascontiguousarray(W[rows], dtype=np.float32)
         out[PREFIX + proj + ".lora_B.weight"] = B
+    # V unchanged, as a LoRA of B = 0: SGLang stacks q, k and v into one qkv_proj and refuses
+    # an adapter that names two of the three
+    kv_out = out[PREFIX + "k_proj.lora_B.weight"].shape[0]
+    out[PREFIX + "v_proj.lora_A.weight"] = np.zeros((RANK, W.shape[1]), dtype=np.float32)
+    out[PREFIX + "v_proj.lora_B.weight"] = np.zeros((kv_out, RANK), dtype=np.float32)
     return out
 
 
@@ -127,7 +137,7 @@ def adapter_config() -> str:
         "r": RANK,
         "lora_alpha": RANK,  # scaling alpha / r = 1
         "lora_dropout": 0.0,
-        "target_modules": ["k_proj", "q_proj"],
+        "target_modules": ["k_proj", "q_proj", "v_proj"],
         "layers_to_transform": [LAYER],
         "layers_pattern": "layers",
         "bias": "none",
@@ -162,7 +172,7 @@ def ensure_lora(canary_dir: Path, name: str = "canary-lora") -> Path:
     from kvdiag.paths import cache_root
     from reference_engine.loader import model_hash
 
-    where = cache_root() / "adapters" / f"{name}-{model_hash(canary_dir)}"
+    where = cache_root() / "adapters" / f"{name}-{model_hash(canary_dir)}-{FORMAT}"
     path = where / name
     if not all((path / f).is_file() for f in ADAPTER_FILES):
         tmp = where.with_name(where.name + ".tmp")

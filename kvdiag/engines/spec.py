@@ -101,7 +101,7 @@ ENGINES = MappingProxyType({s.name: s for s in (
                              preemptions=("sglang:num_retracted_requests_total",),
                              aborts=("sglang:num_aborted_requests_total",),
                              waiting=("sglang:num_queue_reqs",)),
-               abort_api=True, sentinel=True,
+               abort_api=True, sentinel=True, protocol_object="kvdiag.engines.sglang.protocol:SGLANG",
                no_audit="kvdiag replays vLLM's allocator only; SGLang's radix tree is probed live"),
     EngineSpec("llamacpp", "llama.cpp", "kvdiag.engines.llamacpp.faults:FAULTS",
                "kvdiag.engines.llamacpp.faults:check_fault",

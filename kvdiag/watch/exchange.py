@@ -16,7 +16,7 @@ HEAD, TAIL = 4096, 65536  # a stream keeps its first bytes (the id) and its last
 @dataclass
 class Exchange:
     """`namespace`: what a prefix cache must keep apart (model or adapter, cache_salt, a
-    llama.cpp `lora` list). `prompt`: the body's fields that make the prompt (messages, or
+    llama.cpp `lora` list or SGLang `lora_path`). `prompt`: the body's fields that make the prompt (messages, or
     a prompt as text or ids), for /tokenize. `request_id`: the client's X-Request-Id, if any."""
 
     path: str
@@ -61,7 +61,9 @@ class Exchange:
             if not isinstance(req.get("prompt"), (str, list)):
                 return None
             keys, rounds = ("prompt",), 1
-        lora = json.dumps(req.get("lora"), sort_keys=True) if "lora" in req else None
+        # an adapter named by a field: llama.cpp's `lora` list, SGLang's `lora_path`
+        named = {k: req[k] for k in ("lora", "lora_path") if req.get(k) is not None}
+        lora = json.dumps(named, sort_keys=True) if named else None
         return cls(path=path, namespace=(req.get("model"), req.get("cache_salt"), lora),
                    prompt={k: req[k] for k in keys if k in req},
                    request_id=headers.get("x-request-id") or str(req.get("rid") or ""),

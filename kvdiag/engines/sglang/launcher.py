@@ -20,6 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvdiag.engines.server import PREFILL_CHUNK, EngineServer, find_engine_python, torch_sees_cuda
+from kvdiag.engines.sglang import cpu_lora
 from kvdiag.engines.sglang.faults import FAULT_ENV, check_fault, server_env
 from kvdiag.engines.spec import ENGINES
 from kvdiag.errors import KvdiagError
@@ -60,13 +61,11 @@ class SglangLocal(EngineServer):
                  timeout: float = 900.0, served_model: str | None = None,
                  adapters: dict[str, Path] | None = None, sentinel: str | Path | None = None) -> None:
         fault = check_fault(fault)
-        if adapters:
-            raise KvdiagError("sglang-local serves no LoRA adapter here (SGLang's LoRA on CPU is "
-                              "untested): start SGLang yourself with --lora-paths")
         super().__init__(model_dir, fault=fault, python=python, log_path=log_path,
                          extra_args=extra_args, timeout=timeout, served_model=served_model,
                          sentinel=sentinel)
         self.page_size, self.num_blocks, self.max_model_len = block_size, num_blocks, max_model_len
+        self.adapters = dict(adapters or {})
         self.device = device or ("cuda" if torch_sees_cuda(self.python) else "cpu")
 
     def command(self) -> list[str]:
@@ -82,12 +81,19 @@ class SglangLocal(EngineServer):
             args += ["--max-total-tokens", str(self.num_blocks * self.page_size)]
         if self.max_model_len is not None:
             args += ["--context-length", str(self.max_model_len)]
+        if self.adapters:  # each its own model name (a request's `model`); SGLang reads the ranks
+            args += ["--enable-lora", "--lora-paths",
+                     *(f"{name}={Path(path).resolve()}" for name, path in self.adapters.items())]
+            if self.device == "cpu":  # the one backend of SGLang's that computes on a CPU
+                args += ["--lora-backend", "torch_native"]
         return args + list(self.extra_args)
 
     def environment(self) -> dict[str, str]:
         env = self.base_environment()
         if self.device == "cpu":
             env["SGLANG_USE_CPU_ENGINE"] = "1"  # else the model build imports vLLM's rotary op
+            if self.adapters:  # SGLang's LoRA pins host memory, which a CPU cannot (cpu_lora.py)
+                env[cpu_lora.ENV] = "1"
         # SGLang notices a client gone (and aborts its request) only when it polls, every
         # SGLANG_REQUEST_STATE_WAIT_TIMEOUT s (4 by default): at 1 s a cancel lands in the
         # middle of a prefill a few chunks long (the cancel-prefill event)

@@ -1,11 +1,12 @@
 """kvdiag's SGLang hook: plants the fault that $KVDIAG_SGLANG_FAULT names into SGLang's radix
-cache, as a positive control for kvdiag's probe, and turns the sentinel on (sentinel.py) when
-$KVDIAG_SENTINEL names its file; inert without either.
+cache, as a positive control for kvdiag's probe, turns the sentinel on (sentinel.py) when
+$KVDIAG_SENTINEL names its file, and lets SGLang's LoRA run on a CPU (cpu_lora.py) when
+$KVDIAG_SGLANG_CPU_LORA is 1; inert without any.
 
 How it gets into every SGLang process: SGLang starts its scheduler and detokenizer with the
 multiprocessing "spawn" method, so each is a fresh interpreter that runs the venv's .pth
 files at start-up. `make sglang-cpu-env` installs one (kvdiag_sglang_faults.pth) that calls
-`register()` only when $KVDIAG_SGLANG_FAULT is set. register() imports no SGLang: it waits
+`register()` only when one of those is set. register() imports no SGLang: it waits
 for `sglang.srt.plugins` to be imported and wraps its `load_plugins()`, which SGLang calls
 early in every process it starts (main, scheduler before it builds the tree cache,
 detokenizer). The plant runs there, once per process, and logs one warning line
@@ -31,6 +32,7 @@ import logging
 import os
 import sys
 
+from kvdiag.engines.sglang import cpu_lora
 from kvdiag.engines.sglang.faults import FAULT_ENV, FAULTS, PAGE_OVERRUN_SIZE
 
 log = logging.getLogger("kvdiag.sglang_plugin")
@@ -41,14 +43,19 @@ _SERVER_ARGS = {"page-overrun": {"page_size": PAGE_OVERRUN_SIZE}}
 
 
 def register() -> None:
-    """Arm the plant, and the sentinel, for this process; called by the .pth line when
-    $KVDIAG_SGLANG_FAULT or $KVDIAG_SENTINEL is set."""
+    """Arm the plant, the sentinel and SGLang's LoRA on a CPU (cpu_lora.py) for this process,
+    as asked; called by the .pth line when $KVDIAG_SGLANG_FAULT, $KVDIAG_SENTINEL or
+    $KVDIAG_SGLANG_CPU_LORA is set."""
     from kvdiag.sentinel.log import ENV
 
     path, name = os.environ.get(ENV, "").strip(), os.environ.get(FAULT_ENV, "").strip()
-    if _armed or not (path or name):
+    lora = os.environ.get(cpu_lora.ENV, "").strip() == "1"
+    if _armed or not (path or name or lora):
         return
     _armed.append(name or "sentinel")
+    if lora:
+        for module in cpu_lora.MODULES:
+            _after_import(module, cpu_lora.unpin)
     if path:
         _after_import("sglang.srt.managers.scheduler", lambda _module: _sentinel(path))
     if not name:

@@ -36,13 +36,13 @@ def test_build_is_deterministic_small_and_peft_shaped(adapter, tmp_path):
     assert time.perf_counter() - t0 < 10
     for name in ADAPTER_FILES:
         assert (adapter / name).read_bytes() == (again / name).read_bytes(), name
-    assert (adapter / "adapter_model.safetensors").stat().st_size < 200_000
+    assert (adapter / "adapter_model.safetensors").stat().st_size < 300_000
     cfg = json.loads((adapter / "adapter_config.json").read_text())
     assert (cfg["peft_type"], cfg["r"], cfg["lora_alpha"], cfg["bias"]) == ("LORA", RANK, RANK, "none")
-    assert sorted(cfg["target_modules"]) == ["k_proj", "q_proj"]
+    assert sorted(cfg["target_modules"]) == ["k_proj", "q_proj", "v_proj"]
     # the names vLLM's parse_fine_tuned_lora_name and peft expect
     prefix = f"base_model.model.model.layers.{LAYER}.self_attn."
-    want = {prefix + f"{p}.lora_{ab}.weight" for p in ("q_proj", "k_proj") for ab in "AB"}
+    want = {prefix + f"{p}.lora_{ab}.weight" for p in ("q_proj", "k_proj", "v_proj") for ab in "AB"}
     raw = (adapter / "adapter_model.safetensors").read_bytes()
     header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
     assert header.pop("__metadata__") == {"format": "pt"}
@@ -50,6 +50,7 @@ def test_build_is_deterministic_small_and_peft_shaped(adapter, tmp_path):
     assert header[prefix + "q_proj.lora_A.weight"]["shape"] == [RANK, 384]
     assert header[prefix + "q_proj.lora_B.weight"]["shape"] == [384, RANK]
     assert header[prefix + "k_proj.lora_B.weight"]["shape"] == [128, RANK]
+    assert header[prefix + "v_proj.lora_B.weight"]["shape"] == [128, RANK]
 
 
 def test_delta_flips_bias_free_rows_exactly(adapter):
@@ -65,6 +66,7 @@ def test_delta_flips_bias_free_rows_exactly(adapter):
         want[rows] *= -1
         assert np.array_equal(w + deltas[name + ".weight"], want)
         assert not base[name + ".bias"][rows].any()
+    assert not deltas[f"model.layers.{LAYER}.self_attn.v_proj.weight"].any()  # V untouched
 
 
 # ---- Hugging Face transformers, the adapter merged into the weights -------------------------

@@ -2,7 +2,8 @@
 the probe passes a healthy SGLang with recycling observed and fails one with `stale-node`
 planted (naming rounds and first divergent tokens); the differential phase alone passes a
 healthy SGLang with no over-hit and fails one whose prefix match runs past the divergence
-(`match-overrun`, `page-overrun`) by over-hit; the isolation audit sees `salt-ignored` leak
+(`match-overrun`, `page-overrun`) by over-hit; LoRA pairs under canary-lora hit nothing of the
+base model's, and over-hit with `salt-ignored`; the isolation audit sees `salt-ignored` leak
 across salts; regress completes against sglang-local; a probe whose server dies mid-run
 exits 2 and resumes against a new one. Slow; skipped without the env (`make sglang-cpu-env`;
 `make test-sglang-live` builds it and runs these). Bad input needs no env and runs always."""
@@ -155,6 +156,36 @@ def test_the_differential_phase_of_sglang_local(fault, tmp_path):
     # rounded up to the page they part in: over where they part inside one, not on its edge
     assert all(p["cached"] == -(-p["bound"] // page) * page for p in slots), slots
     assert {p["bound"] % page == 0 for p in slots} == {True, False}  # both cases were sent
+
+
+@pytest.mark.parametrize("fault", [None, "salt-ignored"])
+@pytest.mark.slow
+@pytest.mark.sglang_live
+@needs_sglang
+def test_lora_pairs_of_sglang_local_on_a_cpu(fault, tmp_path):
+    """`--adapter canary-lora` on sglang-local: SGLang serves it on a CPU (its torch_native
+    LoRA backend, pinned memory made plain: kvdiag.engines.sglang.cpu_lora), and the probe
+    names it by `lora_path` (a request whose model is the adapter's name gets the base model
+    from SGLang). Healthy, the adapter's pairs hit nothing of the base model's; with the
+    radix key's namespace dropped (`salt-ignored`: extra_key, which carries the adapter's
+    lora_id), they over-hit, and the sentinel sees the adapter's requests read base K/V."""
+    target = "sglang-local" + (f":{fault}" if fault else "")
+    code, summary, err = _kvdiag("probe", "--target", target, "--suite", "smoke", "--differential-only",
+                                 "--adapter", "canary-lora", "--out", str(tmp_path / "p"))
+    log = (tmp_path / "p" / "sglang.log").read_text()
+    assert "torch_native as backend of LoRA" in log, log[-2000:]
+    pairs = {p["name"]: p for p in summary["key_coverage"]["differential"]}
+    adapter = [pairs[name] for name in ("adapter", "base after adapter")]
+    assert all(p["bound"] == 0 for p in adapter), adapter  # no request of their model sent them
+    sentinel = summary["sentinel"]
+    if fault is None:
+        assert code == 0, err[-2000:]
+        assert summary["verdict"] == "pass" and all(p["cached"] == 0 for p in adapter), adapter
+        assert sentinel["reads"] > 0 and sentinel["foreign"] == 0, sentinel
+        return
+    assert code == 1, err[-2000:]
+    assert all(p["cached"] > 0 for p in adapter), adapter
+    assert summary["verdict"] == "fail" and sentinel["foreign"] > 0, sentinel
 
 
 def test_page_overrun_sets_the_page_size_before_sglang_resolves_its_arguments():
