@@ -34,7 +34,7 @@ def lifecycle_plants(engine: str) -> list[str]:
 def event_of(engine: str, fault: str | None) -> str | None:
     from kvdiag.engines.spec import engine_spec
 
-    return engine_spec(engine).catalog()[fault].event if fault else None
+    return engine_spec(engine).catalog()[fault.split(":")[0]].event if fault else None  # NAME[:ARG]
 
 
 def one(engine: str, fault: str | None, out: Path, extra: list[str]) -> dict:
