@@ -16,8 +16,8 @@ HEAD, TAIL = 4096, 65536  # a stream keeps its first bytes (the id) and its last
 @dataclass
 class Exchange:
     """`namespace`: what a prefix cache must keep apart (model or adapter, cache_salt, a
-    llama.cpp `lora` list or SGLang `lora_path`). `prompt`: the body's fields that make the prompt (messages, or
-    a prompt as text or ids), for /tokenize. `request_id`: the client's X-Request-Id, if any."""
+    llama.cpp `lora` list or SGLang `lora_path`). `prompt`: the body's fields that make the
+    prompt (messages, or a prompt as text or ids), for /tokenize. `request_id`: the client's X-Request-Id, if any."""
 
     path: str
     namespace: tuple

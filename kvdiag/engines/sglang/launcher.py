@@ -81,7 +81,7 @@ class SglangLocal(EngineServer):
             args += ["--max-total-tokens", str(self.num_blocks * self.page_size)]
         if self.max_model_len is not None:
             args += ["--context-length", str(self.max_model_len)]
-        if self.adapters:  # each its own model name (a request's `model`); SGLang reads the ranks
+        if self.adapters:  # a request selects one by lora_path (sglang/protocol.py); SGLang reads the ranks
             args += ["--enable-lora", "--lora-paths",
                      *(f"{name}={Path(path).resolve()}" for name, path in self.adapters.items())]
             if self.device == "cpu":  # the one backend of SGLang's that computes on a CPU
