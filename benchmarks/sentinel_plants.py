@@ -7,6 +7,8 @@ bad reads, how many requests' answers departed, and the sentinel's first finding
     python benchmarks/sentinel_plants.py --runs 10 --faults ref-undercount,stale-lookup
     python benchmarks/sentinel_plants.py --faults healthy --runs 10   # false positives
     python benchmarks/sentinel_plants.py --faults healthy --probe-args="--adapter canary-lora"
+    python benchmarks/sentinel_plants.py --faults healthy --probe-args="--model build/mamba-hybrid
+        --engine-arg=--prefix-match-unit=16"     # copy-on-write (kvdiag fixtures build-mamba-hybrid)
 
 Each run takes minutes on 2 CPU cores (a server start and the whole probe). The last lines
 count, per fault, the runs the sentinel failed and the runs the answers alone would have.
@@ -63,6 +65,7 @@ def one(engine: str, fault: str | None, out: Path, extra: list[str]) -> dict:
         reached += f"; not {','.join(missed)}" if missed else ""
         adapter = (s.get("traffic") or {}).get("adapter")
         reached += f"; LoRA rounds on {adapter}" if adapter else ""
+        reached += f"; {sentinel['copies']} copy-on-write copies" if sentinel.get("copies") else ""
     return {"exit": run.returncode, "verdict": s["verdict"], "sentinel_bad": bad,
             "reads": sentinel.get("reads", 0), "answers": s["corrupted_requests"], "first": first,
             "event": reached}

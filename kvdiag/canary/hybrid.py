@@ -3,7 +3,7 @@ full-attention second, so vLLM serves it with two KV cache groups (a sliding win
 attention's), as it serves this year's hybrid models: blocks that leave the window are freed
 early and a null block stands in. (vLLM 0.32 accepts `--prefix-match-unit` below the block
 size for it, but serves sub-block hits, and their copy-on-write, only beside a Mamba group:
-docs/sentinel.md.)
+kvdiag.canary.mamba_hybrid.)
 
     build_hybrid_canary(out_dir)          # the canary's weights, a config naming the window
 

@@ -51,6 +51,26 @@ def build_hybrid_canary(
         console.print(f"{digest}  {out / name}")
 
 
+@app.command("build-mamba-hybrid")
+@handle_errors
+def build_mamba_hybrid(
+    out: Annotated[Path, typer.Option("--out", help="Directory to write the checkpoint into.")] = Path("build/mamba-hybrid"),
+) -> None:
+    """Build the Mamba hybrid: a tiny NemotronH (a Mamba2, an attention and an MLP layer) on
+    the canary's tokenizer, seeded weights (two builds are byte-identical). vLLM serves it
+    with a Mamba state group, and with --prefix-match-unit below the block size serves hits
+    that end inside a block, copy-on-write included (docs/sentinel.md). Needs transformers.
+
+    Example: kvdiag fixtures build-mamba-hybrid --out build/mamba-hybrid, then
+    kvdiag probe --target vllm-local --model build/mamba-hybrid --engine-arg=--prefix-match-unit=16
+    """
+    from kvdiag.canary.mamba_hybrid import build_mamba_hybrid as build
+
+    console = Output().out
+    for name, digest in build(out).items():
+        console.print(f"{digest}  {out / name}")
+
+
 @app.command("import-gguf")
 @handle_errors
 def import_gguf(

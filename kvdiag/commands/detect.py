@@ -120,7 +120,15 @@ def live_row(engine: EngineSpec, name: str, fault: Fault | None, suite: str, cas
         else:
             settings = ProbeSettings(adapter=adapter,
                                      isolation="reset" if mode == "probe-reset" else "auto")
+            model, engine_args = None, ()
+            if mode == "probe-mamba":  # hits inside a block: the Mamba hybrid, a smaller match unit
+                from kvdiag.canary.mamba_hybrid import build_mamba_hybrid
+
+                model = str(out / "mamba-hybrid")
+                build_mamba_hybrid(Path(model))
+                engine_args = ("--prefix-match-unit=16",)
             result = probe(ProbeArgs(suite=suite, case=case, target=target, settings=settings,
+                                     model=model, engine_args=engine_args,
                                      out_dir=out / f"{name}-live"), info=info)
     except KvdiagError as e:  # the run could not be made: an error row, never a pass
         from kvdiag.verdicts import judge_unmeasured

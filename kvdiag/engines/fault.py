@@ -18,6 +18,8 @@ a run that catches it gives:
     probe-adapter       the probe with --adapter canary-lora                fail
     probe-reset         the probe with --isolation reset (its fallback)     error: its ground
                                                                             truth is unsound
+    probe-mamba         the probe of the Mamba hybrid with --prefix-match-  fail
+                        unit 16 (hits inside a block: copy-on-write)
     isolation           the tenant-isolation audit                          fail: leaks
     isolation-adapter   the isolation audit with --adapter canary-lora      fail: leaks
 """
@@ -33,7 +35,7 @@ CORRUPTS_OUTPUT = "corrupts output"
 BREAKS_ISOLATION = "breaks isolation"
 BREAKS_GROUND_TRUTH = "breaks ground truth"
 EFFECTS = (CORRUPTS_OUTPUT, BREAKS_ISOLATION, BREAKS_GROUND_TRUTH)
-LIVE = ("probe", "probe-adapter", "probe-reset", "isolation", "isolation-adapter")
+LIVE = ("probe", "probe-adapter", "probe-reset", "probe-mamba", "isolation", "isolation-adapter")
 
 
 @dataclass(frozen=True)

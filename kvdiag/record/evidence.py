@@ -45,6 +45,16 @@ class ServerCache(Block):
     version: str | None = None
     flags: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
 
+    @property
+    def hit_unit(self) -> int:
+        """The tokens vLLM counts hits in: its block, or a smaller `prefix_match_unit` (hits
+        inside a block, beside a Mamba group: canary.mamba_hybrid; elsewhere it only loosens
+        the over-hit bound); 1 where the figures are not vLLM's own."""
+        if self.source != "cache_config_info":
+            return 1
+        unit = str(self.flags.get("prefix_match_unit"))  # "None": hits on the block grid
+        return min(int(unit), self.block_size) if unit.isdigit() and int(unit) > 0 else self.block_size
+
 
 class ServerBlock(ServerCache):
     """summary.json's `server`: its cache as the probe planned for it, the suite's own pool,

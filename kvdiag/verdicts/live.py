@@ -8,7 +8,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvdiag.verdicts.core import Judgement, Verdict
-from kvdiag.verdicts.sentinel import sentinel_blind, sentinel_covered, sentinel_finding
+from kvdiag.verdicts.sentinel import (
+    sentinel_blind,
+    sentinel_cleared,
+    sentinel_covered,
+    sentinel_finding,
+)
 
 if TYPE_CHECKING:
     from kvdiag.record.evidence import BoundedHit, Oracle, PromptLogprobs, Recycling
@@ -225,6 +230,9 @@ def judge_probe(e: ProbeEvidence) -> Judgement:
                         f"bound; worst {worst:.2f}, {what})")
     if (inside := sentinel_finding(e.sentinel)) is not None:
         findings.insert(0, inside)
+    elif (corrupt or e.logprob_departures or shifted) and (cleared := sentinel_cleared(e.sentinel)):
+        also.append(cleared)
+        tail = f"; and {'; '.join(also)}"
     if findings:
         return Judgement(Verdict.FAIL, "; ".join(findings) + tail, details)
     if e.contaminated:

@@ -33,6 +33,18 @@ def sentinel_finding(block) -> str | None:
             f"{block.findings_total} finding(s) ({_first(block)})")
 
 
+def sentinel_cleared(block) -> str | None:
+    """What a FAIL found by the answers alone adds when the sentinel watched every read and
+    saw none bad: the departures are real, but not block reuse as the scheduler declared it.
+    None when the sentinel did not watch, checked nothing, or saw a bad read."""
+    if block is None or not block.reads or block.bad:
+        return None
+    return (f"the sentinel saw 0 foreign and 0 unwritten of {block.reads} KV slot reads, so "
+            "these departures are not blocks reused across requests as the scheduler declared "
+            "them: K/V written under the wrong weights or batch-dependent compute are outside "
+            "what it sees (docs/sentinel.md)")
+
+
 def sentinel_blind(block) -> str | None:
     """The INCONCLUSIVE sentence for a sentinel that checked no read, or None."""
     if block is None or block.reads:
@@ -46,6 +58,7 @@ def sentinel_covered(block) -> str:
     if block is None:
         return ""
     unchecked = f", {block.unchecked} request-steps unchecked" if block.unchecked else ""
+    unchecked += f", {block.copies} copy-on-write copies followed" if block.copies else ""
     groups = f" in {len(block.groups)} KV cache groups ({', '.join(block.groups)})" \
         if len(block.groups) > 1 else ""
     return (f"; sentinel: {block.steps} steps, {block.requests} requests, {block.reads} KV slot "

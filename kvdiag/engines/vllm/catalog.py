@@ -221,6 +221,24 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
         (CORRUPTS_OUTPUT,),
         "requests that hit a prefix another running request holds, the holder finishing "
         "first, under pool pressure so the freed block is recycled", event="early-free"),
+    Fault(
+        "cow-dropped", "copy-on-write dropped",
+        "a prefix-cache hit that ends inside a block gets a block of its own for the rest of "
+        "that block, but the copy of the shared block's prefix into it never reaches the "
+        "workers: the request reads zeros or a recycled block's bytes where its prefix was",
+        "vllm/v1/core/sched/scheduler.py:Scheduler.schedule (SchedulerOutput.kv_cache_block_copies)",
+        ("vLLM PR #46384 (partial prefix-cache hits for hybrid models: copy-on-write of a "
+         "shared partial block, worker-side copies fenced by the scheduler)",
+         "vLLM PR #51766 (a Mamba copy-on-write misclassified after an external hit: core and "
+         "worker disagree about the live block)",
+         "vLLM PR #57908 (an aligned prefix-cache snapshot left shared while a resumed "
+         "request writes into it)"),
+        (CORRUPTS_OUTPUT,),
+        "a model with a Mamba group served with --prefix-match-unit below the block size "
+        "(kvdiag fixtures build-mamba-hybrid), and prompts that extend an earlier one past a "
+        "point inside a block", live="probe-mamba",
+        unreachable={"audit": "the model-free replay keeps attention-only KV cache groups, "
+                              "where every hit is on the block grid: no copy is ordered"}),
 )}
 
 

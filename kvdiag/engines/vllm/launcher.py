@@ -26,6 +26,7 @@ from pathlib import Path
 
 from kvdiag.engines.server import PREFILL_CHUNK, EngineServer, find_engine_python, torch_sees_cuda
 from kvdiag.engines.spec import ENGINES
+from kvdiag.engines.vllm import cpu_lora, cpu_mamba
 from kvdiag.engines.vllm.faults import FAULT_ENV, check_fault
 from kvdiag.errors import KvdiagError
 from kvdiag.planning.pool import model_context
@@ -112,7 +113,24 @@ class VllmLocal(EngineServer):
         env = self.base_environment() | {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
         if self.device == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_space_gb)
+            if self.adapters and env.get(cpu_lora.ENV, "").strip() != "0":
+                # base tokens beside adapter tokens get the adapter's delta on stock vLLM's
+                # CPU ops (cpu_lora.py); KVDIAG_VLLM_CPU_LORA=0 in the caller's env keeps stock
+                env[cpu_lora.ENV] = "1"
+            if has_mamba(self.model_dir) and env.get(cpu_mamba.ENV, "").strip() != "0":
+                # Mamba2 prefix caching lacks two CPU pieces in vLLM 0.32 (cpu_mamba.py)
+                env[cpu_mamba.ENV] = "1"
         return env
+
+
+def has_mamba(model_dir: str | Path) -> bool:
+    """Whether config.json describes Mamba layers (a hybrid such as NemotronH names their
+    state's sizes: mamba_*, ssm_state_size)."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return any(k.startswith("mamba") or k == "ssm_state_size" for k in config)
 
 
 def stored_dtype(model_dir: str | Path) -> str:

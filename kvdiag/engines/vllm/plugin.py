@@ -1,7 +1,9 @@
 """kvdiag's vLLM general plugin (entry point group `vllm.general_plugins`): plants the fault
 that $KVDIAG_VLLM_FAULT names (plants/), as a positive control for kvdiag's probe, and turns
-the sentinel on (kvdiag.engines.vllm.sentinel) when $KVDIAG_SENTINEL names its file; inert without
-either.
+the sentinel on (kvdiag.engines.vllm.sentinel) when $KVDIAG_SENTINEL names its file, and makes
+vLLM's CPU LoRA ops skip base-model tokens (cpu_lora.py) when $KVDIAG_VLLM_CPU_LORA is 1, and
+supplies the CPU pieces of Mamba2 prefix caching (cpu_mamba.py) when $KVDIAG_VLLM_CPU_MAMBA is 1;
+inert without any.
 
 vLLM calls `register()` in every process it starts (API server, engine core, workers), so
 every process logs one line naming the planted fault: no one mistakes a planted server for
@@ -42,8 +44,35 @@ def _sentinel() -> None:
         log.warning("kvdiag: the sentinel's file served at http://%s/ (pid %d)", addr, os.getpid())
 
 
+def _cpu_lora() -> None:
+    """vLLM's CPU LoRA ops made to skip base-model tokens (cpu_lora.py), when asked for."""
+    from kvdiag.engines.vllm import cpu_lora
+
+    if os.environ.get(cpu_lora.ENV, "").strip() != "1" or cpu_lora.ENV in _planted:
+        return
+    cpu_lora.install()
+    _planted.add(cpu_lora.ENV)
+    log.warning("kvdiag: vLLM's CPU LoRA ops skip base-model tokens in this vLLM (pid %d): "
+                "the workaround for vLLM PR #48421 (kvdiag/engines/vllm/cpu_lora.py)", os.getpid())
+
+
+def _cpu_mamba() -> None:
+    """vLLM's Mamba2 prefix caching made to run on a CPU (cpu_mamba.py), when asked for."""
+    from kvdiag.engines.vllm import cpu_mamba
+
+    if os.environ.get(cpu_mamba.ENV, "").strip() != "1" or cpu_mamba.ENV in _planted:
+        return
+    cpu_mamba.install()
+    _planted.add(cpu_mamba.ENV)
+    log.warning("kvdiag: vLLM's CPU Mamba2 chunk scan returns chunk states and its prefill "
+                "checkpoint is stored in torch in this vLLM (pid %d) (kvdiag/engines/vllm/cpu_mamba.py)",
+                os.getpid())
+
+
 def register() -> None:
     _sentinel()
+    _cpu_lora()
+    _cpu_mamba()
     name = os.environ.get(FAULT_ENV, "").strip()
     if not name or name in _planted:
         return

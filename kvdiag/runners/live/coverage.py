@@ -83,7 +83,7 @@ def key_coverage(plan, store: RoundStore, pressure: list[int], server: ServerCac
     `life`: the lifecycle phase's plan. A slot engine's (llama.cpp: one request at a time, or
     pinned to slots) is bounded too, its isolated twins sources; a paged engine's flood,
     preempted, retracted and cancelled, is judged by its answers only."""
-    rule = HitRule.for_server(server.block_size, server.source, reuse_chunk)
+    rule = HitRule.for_server(server, reuse_chunk)
     slots = life is not None and life.kind == "slots"
     judged = (P.SHARED, P.TWIN, P.PRESSURE, P.PLP, DIFF) + ((LIFE,) if slots else ())
     sources = () if namespaces else (P.ISOLATED, P.PLP_ISOLATED, DIFF_ISOLATED) + (

@@ -17,9 +17,9 @@ between. So, with LCP the longest common prefix of token ids,
                                     so the bound keeps it
                 = LCP(X, Y)         otherwise
 
-`unit` is the server's block (vLLM) or 1 where unsure (SGLang's pages, a proxy): rounding
-down only tightens a bound, and a wrongly served block already reaches past the LCP, so 1
-costs nothing but partial-block faults. `last` is 1 where the engine never serves a prompt's
+`unit` is the server's block (vLLM; its --prefix-match-unit where smaller) or 1 where unsure
+(SGLang's pages, a proxy): rounding down only tightens a bound, and a wrongly served block
+already reaches past the LCP, so 1 costs nothing but partial-block faults. `last` is 1 where the engine never serves a prompt's
 last token from the cache (vLLM, SGLang, kvdiag serve: one token must be computed for the
 logits), 0 where unsure. A reported count above the bound (verdicts.over_hit) means the cache
 served a block whose tokens differ from the request's, or its accounting over-reports.
@@ -64,9 +64,10 @@ class HitRule:
     reuse_chunk: int = 0  # llama.cpp's n_cache_reuse: chunks this long count past the LCP
 
     @classmethod
-    def for_server(cls, block_size: int, source: str, reuse_chunk: int = 0) -> HitRule:
-        """vLLM's block where its own /metrics said it (cache_config_info); 1 elsewhere."""
-        return cls(block_size if source == "cache_config_info" else 1, True, reuse_chunk)
+    def for_server(cls, server, reuse_chunk: int = 0) -> HitRule:
+        """The unit vLLM's own /metrics implies (record.evidence.ServerCache.hit_unit: its
+        block, or a smaller prefix_match_unit); 1 elsewhere."""
+        return cls(server.hit_unit, True, reuse_chunk)
 
     def bound(self, reach: int, length: int) -> int:
         """The most a request of `length` prompt tokens may report cached, given the furthest

@@ -340,12 +340,12 @@ def test_the_adapter_negates_its_rows_and_leaves_the_rest():
     """kvdiag-lora, made from SmolLM2's GGUF: W + (alpha / rank) B @ A negates the chosen rows
     of every layer's K (KV head 0) and Q (the heads reading it), and nothing else: within the
     adapter q.k is the base model's; across models those pairs' share of the score flips."""
-    import gguf
     import numpy as np
 
     from kvdiag.engines.llamacpp.lora import PAIRS, build
 
     model = _gguf_or_skip()
+    gguf = pytest.importorskip("gguf", reason="gguf ships with the real model (make real-model)")
     with tempfile.TemporaryDirectory() as tmp:
         out = build(model, Path(tmp) / "a.gguf")
         adapter = gguf.GGUFReader(out)

@@ -317,6 +317,28 @@ def test_a_sentinel_that_checked_nothing_is_no_evidence_and_a_pass_names_what_it
     assert "40 steps, 12 requests, 9000 KV slot reads checked" in passed.reason
     assert "trusts the workers" in passed.reason
     assert "sentinel" not in judge_probe(evidence()).reason  # none watched: none claimed
+    assert "copy-on-write" not in passed.reason
+    copied = judge_probe(evidence(sentinel=_sentinel(copies=7)))
+    assert copied.verdict is Verdict.PASS and "7 copy-on-write copies followed" in copied.reason
+
+
+def test_answers_that_departed_under_a_clean_sentinel_fail_and_say_what_it_rules_out():
+    """The answers are the witness of output corruption; a sentinel that watched every read
+    and saw none bad does not overturn them (vLLM's CPU LoRA ops gave base tokens the adapter's
+    delta: real wrong answers, no block reused), but the FAIL says the cache's blocks are
+    cleared. A bad read, or no sentinel, claims nothing of the kind."""
+    departed = dict(divergences=[("4", 45.0), ("5", 46.0)], answered=20)
+    cleared = judge_probe(evidence(sentinel=_sentinel(), **departed))
+    assert cleared.verdict is Verdict.FAIL and cleared.details.corrupted == 2
+    assert "0 foreign and 0 unwritten of 9000" in cleared.reason
+    bad = dict(kind="unwritten", step=3, request="r", count=4, where="shared session 1 round 4",
+               positions=[[0, 4]], context_len=10, writers=[], writers_where=[], context=[],
+               writer_context=[])
+    inside = judge_probe(evidence(sentinel=_sentinel(unwritten=4, findings=[bad]), **departed))
+    assert inside.verdict is Verdict.FAIL and "0 foreign and 0 unwritten" not in inside.reason
+    assert "0 foreign and 0 unwritten" not in judge_probe(evidence(**departed)).reason
+    blind = _sentinel(steps=0, requests=0, reads=0, writes=0)
+    assert "0 foreign and 0 unwritten" not in judge_probe(evidence(sentinel=blind, **departed)).reason
 
 
 def test_the_judge_labels_every_divergence_and_names_where_the_corruption_was():

@@ -17,7 +17,8 @@ reverse order; undoing one that was patched over since raises RuntimeError.
     patching.py   how a plant swaps vLLM's functions and puts them back
     keys.py       key-coverage, isolation and reset faults, and double-free
     lifecycle.py  faults at one event of a block's life (published before written, stale
-                  progress after preemption, a stale lookup, a reference undercount)
+                  progress after preemption, a stale lookup, a reference undercount, a
+                  copy-on-write dropped)
 """
 
 from __future__ import annotations

@@ -137,9 +137,29 @@ def ref_undercount() -> Undo:
                 swap_attr(BlockPool, "free_blocks", release), rehash_shared())
 
 
+def cow_dropped() -> Undo:
+    """A hit that ends inside a block (vLLM's --prefix-match-unit beside a Mamba group) gets a
+    block of its own to write the rest of that block in, and the scheduler orders the copy
+    of the shared block into it (kv_cache_block_copies); the order is dropped from the step
+    the workers run. The scheduler keeps its own fencing (the copies' blocks are freed when
+    the step completes, as they are), so vLLM's bookkeeping stays whole: the new block just
+    holds no prefix, zeros or a recycled block's bytes where the shared tokens' K/V (and the
+    Mamba state) should be."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    schedule = Scheduler.schedule
+
+    def schedule_without_copies(self, *args, **kwargs):
+        output = schedule(self, *args, **kwargs)
+        output.kv_cache_block_copies = None  # FAULT: the workers never copy
+        return output
+    return swap_attr(Scheduler, "schedule", schedule_without_copies)
+
+
 PLANTS = {
     "published-before-written": published_before_written,
     "preempt-stale-progress": preempt_stale_progress,
     "stale-lookup": stale_lookup,
     "ref-undercount": ref_undercount,
+    "cow-dropped": cow_dropped,
 }

@@ -72,3 +72,21 @@ def test_what_the_judge_reads():
     found = check([a, b, c, d], HitRule(4, True))
     assert found["rows"] == [("a", 0, 0), ("b", 8, 4)]
     assert found["checked"] == 2 and found["unreported"] == 1 and found["unknown_ids"] == 1
+
+
+def test_the_unit_is_vllms_match_unit_where_smaller_than_its_block():
+    """vLLM with --prefix-match-unit 16 beside a Mamba group serves a hit of 48 tokens in a
+    block of 64 (kvdiag.canary.mamba_hybrid): bounded in blocks, a request sharing 60 tokens
+    would read as an over-hit; in the match unit it does not, and 64 still would."""
+    from kvdiag.record.evidence import ServerCache
+
+    flags = {"block_size": "64", "prefix_match_unit": "16", "mamba_cache_mode": "align"}
+    server = ServerCache(block_size=64, source="cache_config_info", flags=flags)
+    assert HitRule.for_server(server).unit == 16
+    assert HitRule.for_server(server.model_copy(update={"flags": {"prefix_match_unit": "None"}})).unit == 64
+    assert HitRule.for_server(ServerCache(block_size=64, source="cache_config_info")).unit == 64
+    assert HitRule.for_server(ServerCache(block_size=16, source="server_info")).unit == 1
+    a = Sent("a", ("s",), tuple(range(70)), 0.0, 1.0, 0)
+    b = Sent("b", ("s",), tuple(range(60)) + (99,) * 20, 2.0, 3.0, 48)
+    assert bounds([a, b], HitRule(64, True))["b"] == 0 < 48  # the block's bound: a false over-hit
+    assert bounds([a, b], HitRule.for_server(server))["b"] == 48
