@@ -202,7 +202,6 @@ def judge_probe(e: ProbeEvidence) -> Judgement:
         also.append(f"{e.contaminated} of {e.isolated} isolated requests hit the cache")
     if unstable:
         also.append(f"{len(unstable)} pair(s) of isolated runs decisively disagreed")
-    tail = f"; and {'; '.join(also)}" if also else ""
     findings = []
     if corrupt:
         findings.append(f"{_plural(len(corrupt), 'request')} answered from the shared prefix cache "
@@ -232,9 +231,9 @@ def judge_probe(e: ProbeEvidence) -> Judgement:
         findings.insert(0, inside)
     elif (corrupt or e.logprob_departures or shifted) and (cleared := sentinel_cleared(e.sentinel)):
         also.append(cleared)
-        tail = f"; and {'; '.join(also)}"
     if findings:
-        return Judgement(Verdict.FAIL, "; ".join(findings) + tail, details)
+        return Judgement(Verdict.FAIL, "; ".join(findings) + (f"; and {'; '.join(also)}" if also else ""),
+                         details)
     if e.contaminated:
         via = {"cache_salt": "a fresh cache_salt", "cache_prompt": "cache_prompt: false"}.get(
             e.isolation, "an emptied prefix cache")

@@ -113,13 +113,12 @@ class VllmLocal(EngineServer):
         env = self.base_environment() | {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
         if self.device == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_space_gb)
-            if self.adapters and env.get(cpu_lora.ENV, "").strip() != "0":
-                # base tokens beside adapter tokens get the adapter's delta on stock vLLM's
-                # CPU ops (cpu_lora.py); KVDIAG_VLLM_CPU_LORA=0 in the caller's env keeps stock
-                env[cpu_lora.ENV] = "1"
-            if has_mamba(self.model_dir) and env.get(cpu_mamba.ENV, "").strip() != "0":
-                # Mamba2 prefix caching lacks two CPU pieces in vLLM 0.32 (cpu_mamba.py)
-                env[cpu_mamba.ENV] = "1"
+            # stock vLLM's CPU LoRA ops give base tokens the adapter's delta (cpu_lora.py), and
+            # its Mamba2 prefix caching lacks two CPU pieces (cpu_mamba.py); $ENV=0 in the
+            # caller's environment keeps the stock code
+            for module, needed in ((cpu_lora, bool(self.adapters)), (cpu_mamba, has_mamba(self.model_dir))):
+                if needed and env.get(module.ENV, "").strip() != "0":
+                    env[module.ENV] = "1"
         return env
 
 

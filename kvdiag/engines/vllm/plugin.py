@@ -22,6 +22,7 @@ from kvdiag.engines.vllm.faults import FAULT_ENV
 log = logging.getLogger("kvdiag.vllm_plugin")
 _planted: set[str] = set()
 _watching: list[str] = []
+_armed: set[str] = set()  # the CPU workarounds installed in this process, by their env name
 
 
 def _sentinel() -> None:
@@ -44,35 +45,24 @@ def _sentinel() -> None:
         log.warning("kvdiag: the sentinel's file served at http://%s/ (pid %d)", addr, os.getpid())
 
 
-def _cpu_lora() -> None:
-    """vLLM's CPU LoRA ops made to skip base-model tokens (cpu_lora.py), when asked for."""
-    from kvdiag.engines.vllm import cpu_lora
+def _workarounds() -> None:
+    """The CPU workarounds the launcher asked for ($ENV=1 each), once per process: vLLM's
+    CPU LoRA ops made to skip base-model tokens (cpu_lora.py, vLLM PR #48421), and the CPU
+    pieces of Mamba2 prefix caching (cpu_mamba.py)."""
+    from kvdiag.engines.vllm import cpu_lora, cpu_mamba
 
-    if os.environ.get(cpu_lora.ENV, "").strip() != "1" or cpu_lora.ENV in _planted:
-        return
-    cpu_lora.install()
-    _planted.add(cpu_lora.ENV)
-    log.warning("kvdiag: vLLM's CPU LoRA ops skip base-model tokens in this vLLM (pid %d): "
-                "the workaround for vLLM PR #48421 (kvdiag/engines/vllm/cpu_lora.py)", os.getpid())
-
-
-def _cpu_mamba() -> None:
-    """vLLM's Mamba2 prefix caching made to run on a CPU (cpu_mamba.py), when asked for."""
-    from kvdiag.engines.vllm import cpu_mamba
-
-    if os.environ.get(cpu_mamba.ENV, "").strip() != "1" or cpu_mamba.ENV in _planted:
-        return
-    cpu_mamba.install()
-    _planted.add(cpu_mamba.ENV)
-    log.warning("kvdiag: vLLM's CPU Mamba2 chunk scan returns chunk states and its prefill "
-                "checkpoint is stored in torch in this vLLM (pid %d) (kvdiag/engines/vllm/cpu_mamba.py)",
-                os.getpid())
+    for module in (cpu_lora, cpu_mamba):
+        if os.environ.get(module.ENV, "").strip() != "1" or module.ENV in _armed:
+            continue
+        module.install()
+        _armed.add(module.ENV)
+        log.warning("kvdiag: CPU workaround armed in this vLLM (pid %d): %s.py", os.getpid(),
+                    module.__name__.replace(".", "/"))
 
 
 def register() -> None:
     _sentinel()
-    _cpu_lora()
-    _cpu_mamba()
+    _workarounds()
     name = os.environ.get(FAULT_ENV, "").strip()
     if not name or name in _planted:
         return
