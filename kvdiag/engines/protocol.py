@@ -67,6 +67,11 @@ class OpenAIProtocol:
         asks for it with. {} here: vLLM and SGLang serve an adapter as a model (`model`)."""
         return {}
 
+    def decode_all(self, body: dict) -> None:
+        """Make this request decode all its max_tokens, whatever it generates (an extra
+        parameter vLLM, SGLang and llama.cpp take)."""
+        body["ignore_eos"] = True
+
     def pin_slot(self, body: dict, slot: int) -> None:
         """Run this request on one slot, where the server has slots (llama.cpp)."""
         raise KvdiagError(f"{self.name}: the server has no slots to pin a request to")

@@ -162,11 +162,11 @@ class Endpoint(ServerIdentity):
                        id_slot: int | None = None) -> ChatResult:
         """One greedy completion of a prompt given as token ids (/v1/completions, legacy
         logprobs): the differential and lifecycle phases' requests, free of any chat
-        template. `ignore_eos`: decode all `max_tokens` (an extra parameter vLLM, SGLang and
-        llama.cpp take); `id_slot`: the slot it must run on, where the server has slots."""
+        template. `ignore_eos`: decode all `max_tokens`, as the server's protocol asks for it
+        (`decode_all`); `id_slot`: the slot it must run on, where the server has slots."""
         body = self._completion_body(token_ids, max_tokens, top_logprobs, model, id_slot)
         if ignore_eos:
-            body["ignore_eos"] = True
+            self.protocol.decode_all(body)
         return await self.generate("/v1/completions", body, cache_salt, isolated=isolated)
 
     async def complete_n(self, token_ids: list[int], max_tokens: int, n: int, *,
