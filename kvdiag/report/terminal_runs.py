@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kvdiag.report.terminal_style import compact_table, fmt, footer, headline
-from kvdiag.verdicts import Verdict
+from kvdiag.verdicts import Verdict, judge_sentinel
 from kvdiag.vocab import CONTIGUOUS
 
 if TYPE_CHECKING:
@@ -72,10 +72,14 @@ def render_verify(result) -> list:
 def render_probe(result) -> list:
     s, frame = result.summary, result.frame
     shared = frame[frame["allocator"] == "shared"]
-    table = compact_table(f"probe {s.targets[0]} ({s.isolation} isolation)")
-    for col in ("round", "BLEU-4", "fact-check", "ref fact", "diverged", "numerics", "corruption", "cached"):
-        table.add_column(col, justify="right")
     rows = {r.round: r for r in s.rounds if r.allocator == "shared"}
+    # attention on slots read wrong, where a sentinel weighed it (kvdiag.sentinel.leakage)
+    leak = any(r.attention_leakage is not None and r.attention_leakage == r.attention_leakage
+               for r in rows.values())
+    table = compact_table(f"probe {s.targets[0]} ({s.isolation} isolation)")
+    for col in ("round", "BLEU-4", "fact-check", "ref fact", "diverged", "numerics", "corruption",
+                "cached", *(("leakage",) if leak else ())):
+        table.add_column(col, justify="right")
     ref = {r.round: r.fact_check_pass_rate for r in s.rounds if r.allocator == "isolated"}
     for n in sorted(rows):
         kinds = shared[shared["round"] == n]["classification"]
@@ -84,6 +88,7 @@ def render_probe(result) -> list:
                       fmt(ref.get(n), ".2f"),
                       str(int((kinds != "match").sum())), str(int((kinds == "numerics").sum())),
                       str(int((kinds == "corruption").sum())), fmt(r.block_reuse_rate, ".2f"),
+                      *((fmt(r.attention_leakage, ".4f"),) if leak else ()),
                       style="red" if (kinds == "corruption").any() else None)
     nf, pc = s.noise_floor, s.server_prefix_cache
     lines = [table, f"noise floor: {nf.diverged_pairs}/{nf.pairs} repeated isolated requests "
@@ -102,6 +107,10 @@ def render_probe(result) -> list:
                      f"reported cached tokens (must be 0), {truth.unchecked} reported no "
                      "count (must be 0)")
     lines += _key_coverage_lines(s.key_coverage, "oracle" in s.key_coverage.model_fields_set)
+    if s.sentinel is not None:  # its own reading, worded by the verdict module
+        judged = judge_sentinel(s.sentinel)
+        lines.append(judged.reason if judged.reason.startswith("sentinel: ") else
+                     f"sentinel: {judged.reason}")
     lines += _event_lines(s.events, s.topk)
     what = ""
     if result.verdict is Verdict.FAIL and not s.corrupted_requests:

@@ -13,7 +13,7 @@ def _first(block) -> str:
     f = next((f for f in block.findings if f.kind != "overwrite"), block.findings[0])
     span = ", ".join(f"{a}-{b - 1}" for a, b in f.positions[:3])
     who = f.where or f.request
-    writer = (f.writers_where[0] or f.writers[0]) if f.writers else None
+    writer = ((f.writers_where or [None])[0] or f.writers[0]) if f.writers else None
     fate = f.writer_context[0] if f.writer_context else "live"
     event = f" ({'; '.join(f.context)})" if f.context else ""
     if f.kind == "overwrite":

@@ -81,3 +81,55 @@ def test_a_fail_outside_the_numbered_rounds_says_where_the_judge_found_it():
     line = "\n".join(x for x in render_probe(RunResult("probe", frame, s)) if isinstance(x, str))
     assert "corruption in lifecycle flood, preempt (4 requests" in line and "[]" not in line
     assert json.loads(s.to_json())["corruption_where"] == "lifecycle flood, preempt"
+
+
+def test_the_console_says_what_the_sentinel_checked_or_saw():
+    """A probe read with a sentinel prints its reading beside the oracle's: what a pass checked,
+    or the first bad read, in the verdict module's words."""
+    import pandas as pd
+
+    from kvdiag.record.results import RunResult
+    from kvdiag.record.sentinel import SentinelBlock, SentinelFinding
+    from kvdiag.report.terminal_runs import render_probe
+    from kvdiag.runners.records import Record
+
+    frame = pd.DataFrame([], columns=Record.columns())
+    clean = SentinelBlock(source="sentinel.jsonl", engine="sglang", starts=1, steps=4212, requests=812,
+                          reads=24121396, writes=498850, unchecked=0, foreign=0, unwritten=0, overwrite=0)
+    s = parse_summary(json.loads(OLD.read_text())).model_copy(update={"sentinel": clean})
+    lines = [x for x in render_probe(RunResult("probe", frame, s)) if isinstance(x, str)]
+    assert any(x.startswith("sentinel: 4212 steps, 812 requests, 24121396 KV slot reads checked, "
+                            "0 foreign, 0 unwritten") for x in lines)
+    bad = clean.model_copy(update={"foreign": 3, "findings_total": 1, "findings": [SentinelFinding(
+        kind="foreign", step=7, request="r1", where="lifecycle flood 2", positions=[[16, 19]], count=3,
+        context_len=40, writers=["r0"], context=["after retraction"])]})
+    s = s.model_copy(update={"sentinel": bad})
+    lines = [x for x in render_probe(RunResult("probe", frame, s)) if isinstance(x, str)]
+    assert any(x.startswith("sentinel: 3 foreign KV slot reads") and "lifecycle flood 2 read positions "
+               "16-18 foreign" in x and "(after retraction)" in x for x in lines)
+    s = s.model_copy(update={"sentinel": clean.model_copy(update={"reads": 0})})
+    lines = [x for x in render_probe(RunResult("probe", frame, s)) if isinstance(x, str)]
+    assert any(x.startswith("sentinel: the sentinel (sentinel.jsonl) checked no KV read") for x in lines)
+
+
+def test_the_probe_table_shows_leakage_only_where_a_sentinel_weighed_it():
+    import pandas as pd
+    from rich.console import Console
+
+    from kvdiag.record.results import RunResult
+    from kvdiag.report.terminal_runs import render_probe
+    from kvdiag.runners.records import Record
+
+    frame = pd.DataFrame([], columns=Record.columns())
+    s = parse_summary(json.loads(OLD.read_text()))
+
+    def table(summary) -> str:
+        console = Console(record=True, width=200)
+        console.print(render_probe(RunResult("probe", frame, summary))[0])
+        return console.export_text()
+
+    shared = [r.model_copy(update={"allocator": "shared"}) for r in s.rounds]  # the file kept only isolated
+    assert "leakage" not in table(s.model_copy(update={"rounds": s.rounds + shared}))  # no column of dashes
+    weighed = [r.model_copy(update={"attention_leakage": 0.1703 if r.round == 2 else 0.0}) for r in shared]
+    text = table(s.model_copy(update={"rounds": s.rounds + weighed}))
+    assert "leakage" in text and "0.1703" in text
