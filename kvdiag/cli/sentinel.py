@@ -41,6 +41,11 @@ def sentinel(
     if prom is not None:
         write_prom(block, prom)
     lines = [f"{judged.verdict.value.upper()} {judged.reason}"]
+    if block.leaked:  # what the wrong slots drew (weighed where the engine's hooks could)
+        largest = "unmeasured" if block.leakage_largest is None else f"{block.leakage_largest:.4f}"
+        unweighed = f" ({block.leakage_unweighed} could not be weighed)" if block.leakage_unweighed else ""
+        lines.append(f"  attention leakage: {block.leaked} requests attended to slots read wrong"
+                     f"{unweighed}; the largest, per sampled token: {largest}")
     for f in block.findings[:show]:
         span = ", ".join(f"{a}-{b - 1}" for a, b in f.positions[:3])
         lines.append(f"  step {f.step} {f.kind:9} {f.request} positions {span} ({f.count} of "

@@ -53,6 +53,16 @@ class SentinelBlock(BaseModel):
                               "kind); empty where the engine has one table per request")
     zeroed: int = Field(0, description="blocks the workers zeroed before a step")
     copies: int = Field(0, description="copy-on-write block copies it applied")
+    attention: bool = Field(False, description="whether it weighed the attention each sampled "
+                            "token paid to slots read wrong, every one (the rounds' attention_leakage)")
+    leaked: int = Field(0, description="requests whose sampled tokens paid attention to slots "
+                        "read wrong (weighed or not)")
+    leakage_unweighed: int = Field(0, description="of those, requests with a wrong read whose "
+                                   "attention could not be weighed: the run's leakage is then "
+                                   "unmeasured (NaN in every round)")
+    leakage_largest: float | None = Field(None, description="the largest of those requests' "
+                                          "leakage: attention on wrong slots per sampled token, "
+                                          "mean over layers and heads (None: none measured)")
     findings: list[SentinelFinding] = Field(default_factory=list, description="the first 20")
     findings_total: int = 0
     rounds: list[SentinelRound] = Field(default_factory=list)

@@ -93,6 +93,7 @@ class Ledger:
         self.names, self.numbers, self.fate = self.store.names, self.store.numbers, self.store.fate
         self.live: dict[str, _Request] = {}
         self.holders: dict[int, set[str]] = {}  # block id -> live requests that map it
+        self.bad_now: dict[str, np.ndarray] = {}  # rid -> positions this step read wrong (all)
 
     # --- lifecycle of requests ------------------------------------------------------------
     def _request(self, rid: str) -> _Request:
@@ -188,6 +189,7 @@ class Ledger:
 
     def _step(self, items: list[Scheduled]) -> None:
         self.counters.steps += 1
+        self.bad_now = {}
         ready = []
         for item in items:
             req = self._request(item.rid)
@@ -255,6 +257,7 @@ class Ledger:
         bad = got != (want ^ self.stamp if self.stamp else want)  # fingerprints are never UNWRITTEN
         if not bad.any():
             return
+        self.bad_now[item.rid] = start + np.flatnonzero(bad)  # for attention leakage (leakage.py)
         if req.reported is None or len(req.reported) < end:
             grown = np.zeros(max(end, 2 * (0 if req.reported is None else len(req.reported))), bool)
             if req.reported is not None:

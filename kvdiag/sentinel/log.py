@@ -1,8 +1,13 @@
 """The sentinel's file: JSON lines, append-only, flushed as they are written, so what a killed
-server found is still there. Three kinds of line:
+server found is still there. Four kinds of line:
 
     {"type": "start", "engine", "version", "block_size", "pid", "time"}   once per server start
+                                   ("attention": true where sampled tokens' attention is weighed)
     {"type": "finding", "kind", "step", "request", "positions", ...}    facts.Finding
+    {"type": "leakage", "request", "tokens", "mass", "unmeasured"}      a request that
+                                   attended to slots read wrong (leakage.py): its totals so far,
+                                   with the counters while it runs, then once when it finishes;
+                                   the last line of a request holds
     {"type": "counters", "steps", "requests", "reads", ...}             cumulative, every
                                                                          half second of work
 
@@ -44,6 +49,7 @@ class SentinelLog:
         self._file = open(path, "a", buffering=1)  # noqa: SIM115 (kept for the server's life)
         self._lock = threading.Lock()
         self._every, self._last, self._pending = every, 0.0, None
+        self._leaks: dict[str, dict] = {}  # running requests' leakage lines not yet written
         self._line({"type": "start", **header, "pid": os.getpid(), "time": time.time()})
         threading.Thread(target=self._flush_idle, daemon=True, name="kvdiag-sentinel").start()
 
@@ -55,11 +61,32 @@ class SentinelLog:
     def finding(self, finding: Finding) -> None:
         self._line(finding.as_dict())
 
+    def leakage(self, request: str, tokens: int, mass: float, unmeasured: int,
+                final: bool = True) -> None:
+        """A request's leakage totals: written now when `final` (it finished), else kept and
+        written with the next counters line (a request the server never finishes while the
+        file is read is then still there, a few hundred milliseconds behind)."""
+        row = {"type": "leakage", "request": request, "tokens": tokens, "mass": mass,
+               "unmeasured": unmeasured}
+        with self._lock:
+            self._leaks.pop(request, None)
+            if not final:
+                self._leaks[request] = row
+        if final:
+            self._line(row)
+
+    def _counters_line(self, counters: Counters) -> None:
+        with self._lock:
+            leaks, self._leaks = list(self._leaks.values()), {}
+        for row in leaks:
+            self._line(row)
+        self._line({"type": "counters", **asdict(counters)})
+
     def counters(self, counters: Counters) -> None:
         now = time.monotonic()
         if now - self._last >= self._every:
             self._last, self._pending = now, None
-            self._line({"type": "counters", **asdict(counters)})
+            self._counters_line(counters)
         else:
             self._pending = counters
 
@@ -69,7 +96,7 @@ class SentinelLog:
             pending = self._pending
             if pending is not None and time.monotonic() - self._last >= self._every:
                 self._last, self._pending = time.monotonic(), None
-                self._line({"type": "counters", **asdict(pending)})
+                self._counters_line(pending)
 
 
 @dataclass
@@ -81,6 +108,7 @@ class SentinelReport:
     starts: list[dict] = field(default_factory=list)
     counters: Counters = field(default_factory=Counters)
     findings: list[dict] = field(default_factory=list)
+    leakage: dict[str, dict] = field(default_factory=dict)  # request -> its last leakage line
 
     @property
     def checked(self) -> bool:
@@ -115,7 +143,7 @@ def read_report(path: str | Path, since: int = 0) -> SentinelReport:
             close_start()
             last = base = None
             start = row
-        elif (kind in ("counters", "finding") and before >= since and start is not None
+        elif (kind in ("counters", "finding", "leakage") and before >= since and start is not None
               and (not report.starts or report.starts[-1] is not start)):
             report.starts.append(start)  # a server start the run saw at work
         if kind == "counters":
@@ -124,6 +152,8 @@ def read_report(path: str | Path, since: int = 0) -> SentinelReport:
                 base = row
         elif kind == "finding" and before >= since:
             report.findings.append(row)
+        elif kind == "leakage" and before >= since:
+            report.leakage[row["request"]] = row
     close_start()
     return report
 

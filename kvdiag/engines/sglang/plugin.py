@@ -1,7 +1,8 @@
 """kvdiag's SGLang hook: plants the fault that $KVDIAG_SGLANG_FAULT names into SGLang's radix
 cache, as a positive control for kvdiag's probe, turns the sentinel on (sentinel.py) when
-$KVDIAG_SENTINEL names its file, and lets SGLang's LoRA run on a CPU (cpu_lora.py) when
-$KVDIAG_SGLANG_CPU_LORA is 1; inert without any.
+$KVDIAG_SENTINEL names its file, with the attention its wrong slots drew (attention.py;
+when $KVDIAG_SENTINEL_ATTENTION is 1), and lets SGLang's LoRA run on a CPU
+(cpu_lora.py) when $KVDIAG_SGLANG_CPU_LORA is 1; inert without any.
 
 How it gets into every SGLang process: SGLang starts its scheduler and detokenizer with the
 multiprocessing "spawn" method, so each is a fresh interpreter that runs the venv's .pth
@@ -74,10 +75,16 @@ def _sentinel(path: str) -> None:
     """The sentinel in this process (kvdiag.engines.sglang.sentinel); an SGLang it cannot read
     raises, and the process does not start."""
     from kvdiag.engines.sglang.sentinel import install
+    from kvdiag.sentinel.leakage import asked
 
-    install(path)
+    weigh = asked()
+    if weigh:  # leakage: the attention sampled tokens paid to slots read wrong
+        from kvdiag.engines.sglang import attention
+
+        attention.install()
+    install(path, weigh)
     log.warning("kvdiag: SENTINEL on in this SGLang process (pid %d): every KV read checked, "
-                "findings in %s", os.getpid(), path)
+                "findings in %s%s", os.getpid(), path, ", attention weighed" if weigh else "")
     from kvdiag.sentinel.serve import serve_if_asked
 
     if (addr := serve_if_asked(path)) is not None:  # the file over HTTP too

@@ -11,6 +11,10 @@ request's own):
     retract_decode()                       requests that lost their slots and will recompute
     finished_reason                        a request that left (FINISH_ABORT: cancelled)
 
+With `weigh`, each sampled token's attention over its context (attention.py, measured in this
+process, where SGLang's model runs) is weighed by the positions read wrong: the request's
+attention leakage (kvdiag.sentinel.leakage).
+
 It never reads the radix tree, its locks or the allocator's free list: those are the code
 under test. The batch's geometry is taken when run_batch() starts and checked when its result
 is processed (every token it wrote is known then, with or without overlap scheduling), in
@@ -26,6 +30,7 @@ import sys
 from collections import deque
 
 from kvdiag.sentinel.facts import Scheduled, namespace_of
+from kvdiag.sentinel.leakage import Leakage
 from kvdiag.sentinel.ledger import Ledger
 from kvdiag.sentinel.log import SentinelLog
 
@@ -33,8 +38,10 @@ from kvdiag.sentinel.log import SentinelLog
 class SglangSentinel:
     """The ledger fed from one SGLang scheduler."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, weigh: bool = False) -> None:
         self.path = path
+        self.weigh = weigh  # attention.py weighs each sampled token's attention
+        self.leakage: Leakage | None = None
         self.ledger: Ledger | None = None
         self.log: SentinelLog | None = None
         self.pending: deque = deque()  # ("step", items, unchecked) | ("retract", rids)
@@ -46,11 +53,12 @@ class SglangSentinel:
         sglang = sys.modules.get("sglang")  # the engine's own process has it (a test may not)
         self.log = SentinelLog(self.path, {"engine": "sglang",
                                            "version": getattr(sglang, "__version__", None),
-                                           "block_size": 1})
+                                           "block_size": 1, "attention": self.weigh})
         # SGLang remaps a running request's row to the tree's slots when it frees the
         # request's own duplicate of a prefix (cache_unfinished_req), after the next batch
         # was launched with the old row: reads are judged, writes over such slots are not
         self.ledger = Ledger(1, self.log.finding, overwrites=False)
+        self.leakage = Leakage(self.log.leakage) if self.weigh else None
 
     def launched(self, scheduler, batch) -> None:
         """run_batch() starts: take what the forward pass reads. Every launch queues one step
@@ -76,7 +84,10 @@ class SglangSentinel:
             else:
                 computed, new = end - 1, 1
             table = rows[pool[i], :end].tolist()
-            items.append((req, table, computed, new, self._context(req, computed, new, extend)))
+            # it samples a token unless it is a prefill chunk short of its known tokens
+            samples = not extend or end >= len(req.origin_input_ids) + len(req.output_ids)
+            items.append((req, table, computed, new, self._context(req, computed, new, extend),
+                          (pool[i], end), samples))
         self.pending.append(("step", items, 0))
 
     def _context(self, req, computed: int, new: int, extend: bool) -> tuple[str, ...]:
@@ -117,10 +128,22 @@ class SglangSentinel:
             _, items, unchecked = entry
             self.ledger.counters.unchecked += unchecked
             if items:
-                self.ledger.step([self._scheduled(*item) for item in items])
+                self.ledger.step([self._scheduled(*item[:5]) for item in items])
                 self.reqs.update((item[0].rid, item[0]) for item in items)
+                if self.leakage is not None:
+                    self._weigh(items)
             self.log.counters(self.ledger.counters)
             return
+
+    def _weigh(self, items) -> None:
+        """Each token the step sampled, weighed by its attention (attention.py) over the
+        positions the ledger found it read wrong."""
+        from kvdiag.engines.sglang.attention import take
+
+        for req, *_, row, samples in items:
+            weights = take(*row)  # taken either way: a row and length may come again
+            if samples:
+                self.leakage.token(req.rid, self.ledger.bad_now.get(req.rid), weights)
 
     @staticmethod
     def _scheduled(req, table, computed, new, context) -> Scheduled:
@@ -136,13 +159,16 @@ class SglangSentinel:
             if req.finished():
                 cancelled = type(req.finished_reason).__name__ == "FINISH_ABORT"
                 self.ledger.finish(rid, cancelled)
+                if self.leakage is not None:
+                    self.leakage.finish(rid)
                 del self.reqs[rid]
                 self.chunks.pop(rid, None)
                 self.retracted.discard(rid)
 
 
-def install(path: str):
+def install(path: str, weigh: bool = False):
     """Hook a sentinel writing to `path` into this process's SGLang scheduler; returns undo().
+    `weigh`: attention.py is installed, so sampled tokens' attention is weighed (leakage).
     RuntimeError when this SGLang lacks what the sentinel reads."""
     import sglang
     from sglang.srt.managers.schedule_batch import ScheduleBatch
@@ -156,7 +182,7 @@ def install(path: str):
     if missing:
         raise RuntimeError(f"kvdiag sentinel: SGLang {sglang.__version__} lacks {', '.join(missing)}: "
                            "refusing to run a sentinel that cannot see")
-    sentinel = SglangSentinel(path)
+    sentinel = SglangSentinel(path, weigh)
     run, process, retract = Scheduler.run_batch, Scheduler.process_batch_result, ScheduleBatch.retract_decode
 
     def run_watched(self, batch, *args, **kwargs):

@@ -1,6 +1,7 @@
 """kvdiag's vLLM general plugin (entry point group `vllm.general_plugins`): plants the fault
 that $KVDIAG_VLLM_FAULT names (plants/), as a positive control for kvdiag's probe, and turns
-the sentinel on (kvdiag.engines.vllm.sentinel) when $KVDIAG_SENTINEL names its file, and makes
+the sentinel on (kvdiag.engines.vllm.sentinel) when $KVDIAG_SENTINEL names its file, with the
+attention its wrong slots drew (attention.py; when $KVDIAG_SENTINEL_ATTENTION is 1), and makes
 vLLM's CPU LoRA ops skip base-model tokens (cpu_lora.py) when $KVDIAG_VLLM_CPU_LORA is 1, and
 supplies the CPU pieces of Mamba2 prefix caching (cpu_mamba.py) when $KVDIAG_VLLM_CPU_MAMBA is 1;
 inert without any.
@@ -39,6 +40,16 @@ def _sentinel() -> None:
     _watching.append(path)
     log.warning("kvdiag: SENTINEL on in this vLLM (pid %d): every KV read checked, findings "
                 "in %s", os.getpid(), path)
+    from kvdiag.sentinel.leakage import asked
+
+    if asked():  # leakage: the attention sampled tokens paid to slots read wrong
+        from kvdiag.engines.vllm import attention
+
+        try:
+            attention.install()
+        except ImportError as e:  # no CPU attention backend in this vLLM: leakage unmeasured
+            log.warning("kvdiag: attention leakage not measured in this vLLM (pid %d): %s",
+                        os.getpid(), e)
     from kvdiag.sentinel.serve import serve_if_asked
 
     if (addr := serve_if_asked(path)) is not None:  # the file over HTTP too

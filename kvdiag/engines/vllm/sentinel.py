@@ -11,6 +11,10 @@ What it reads, all of it handed to the workers or the request's own:
     finished_req_ids, preempted_req_ids   tables the workers drop
     Request                 all_token_ids, cache_salt, lora_request (the namespace)
 
+With the step's results comes each sampled token's attention over its context, where vLLM's
+CPU worker measured it (attention.py): weighed by the slots the ledger found read wrong, it is
+the request's attention leakage (kvdiag.sentinel.leakage), for a model of one attention group.
+
 It never reads block hashes, ref counts or the free queue. Hooked at update_from_output (the
 step's sampled tokens are not appended yet, every token it wrote is known, with or without
 async scheduling); requests are remembered from schedule() on, so one aborted in between is
@@ -28,7 +32,9 @@ from __future__ import annotations
 import dataclasses
 import sys
 
+from kvdiag.engines.vllm.attention import ATTR
 from kvdiag.sentinel.facts import Counters, Scheduled, namespace_of
+from kvdiag.sentinel.leakage import Leakage
 from kvdiag.sentinel.ledger import Ledger
 from kvdiag.sentinel.log import SentinelLog
 from kvdiag.sentinel.slots import Slots
@@ -103,13 +109,15 @@ class VllmSentinel:
         self.chunks: dict[str, int] = {}  # rid -> prefill chunks so far
         self.cancelled: set[str] = set()
         self.step_no = 0
+        self.leakage: Leakage | None = None  # where the worker hands over attention
 
-    def _start(self, scheduler) -> None:
+    def _start(self, scheduler, attention: bool) -> None:
         vllm = sys.modules.get("vllm")  # the engine's own process has it (a test may not)
         groups = attention_groups(scheduler)
         followed = [g for g in groups if g is not None]
+        attention = attention and len(followed) == 1
         self.log = SentinelLog(self.path, {
-            "engine": "vllm", "version": getattr(vllm, "__version__", None),
+            "engine": "vllm", "version": getattr(vllm, "__version__", None), "attention": attention,
             "block_size": followed[0][0] if followed else None,
             "groups": [None if g is None else {"block_size": g[0], "window": g[1]} for g in groups]})
         # one store when the groups' slots line up (vLLM gives a hybrid model's attention
@@ -119,6 +127,7 @@ class VllmSentinel:
                         Ledger(g[0], self.log.finding, slots=shared if shared is not None else Slots(),
                                group=k, window=g[1])
                         for k, g in enumerate(groups)]
+        self.leakage = Leakage(self.log.leakage) if attention else None
 
     @property
     def ledger(self) -> Ledger | None:
@@ -134,16 +143,20 @@ class VllmSentinel:
         for request in scheduler.waiting:
             self.waiting_since.setdefault(request.request_id, self.step_no)
 
-    def step(self, scheduler, output) -> None:
-        """Before update_from_output(): the step the workers just ran."""
+    def step(self, scheduler, output, results=None) -> None:
+        """Before update_from_output(): the step the workers just ran (`results`: what they
+        returned, with each sampled token's attention where attention.py measured it)."""
+        weights = getattr(results, ATTR, None)
         if not self.ledgers:
-            self._start(scheduler)
+            self._start(scheduler, weights is not None)
         ledgers = [led for led in self.ledgers if led is not None]
         # zeroing and copies act on the pool's blocks, whichever group holds them
         stores = list({id(led.store): led for led in ledgers}.values())
         for rid in output.finished_req_ids:
             for led in ledgers:
                 led.finish(rid, cancelled=rid in self.cancelled)
+            if self.leakage is not None:
+                self.leakage.finish(rid)
             self._forget(rid)
         for rid in getattr(output, "preempted_req_ids", None) or ():
             for led in ledgers:
@@ -180,7 +193,16 @@ class VllmSentinel:
                 led.step([it[k] for it in items if it is not None])
             else:
                 self.skipped.unchecked += sum(it is not None for it in items)
+        if self.leakage is not None:
+            self._leaked([share for it in items if it is not None for share in it if share is not None],
+                         ledgers[0], weights or {})
         self.log.counters(merged(ledgers, self.skipped))
+
+    def _leaked(self, shares: list[Scheduled], ledger: Ledger, weights: dict) -> None:
+        """Each token sampled this step (its request's known tokens all computed), weighed."""
+        for s in shares:
+            if s.computed + s.new >= len(s.tokens):
+                self.leakage.token(s.rid, ledger.bad_now.get(s.rid), weights.get(s.rid))
 
     def _item(self, rid: str, block_ids, resumed: bool | None, computed: int, output,
               context: list[str]) -> list[Scheduled | None] | None:
@@ -248,7 +270,7 @@ def install(path: str):
         return output
 
     def update_watched(self, scheduler_output, model_runner_output, *args, **kwargs):
-        sentinel.step(self, scheduler_output)
+        sentinel.step(self, scheduler_output, model_runner_output)
         return update(self, scheduler_output, model_runner_output, *args, **kwargs)
 
     def finish_watched(self, request_ids, finished_status, *args, **kwargs):

@@ -2,10 +2,14 @@
 from where the run began, every finding named by the probe's own request (the X-Request-Id
 each request went out under is in the engine's request id), and the bad reads of each shared
 request put into the round table's foreign_slots and unwritten_slots, the reference engine's
-columns. Raw counts only: the judge decides."""
+columns, and its attention_leakage where the sentinel weighed attention (a request that read
+nothing wrong leaked exactly 0; one that did, its mass per sampled token), for a run in which
+every wrong read was weighed (else every row is NaN: unmeasured, never partly). Raw counts
+only: the judge decides."""
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from pathlib import Path
@@ -41,7 +45,8 @@ def _label(key) -> str | None:
 def observe(source: str | Path, since: int = 0, store=None,
             wait: float = FLUSH) -> tuple[SentinelBlock, dict]:
     """The sentinel's block for this run, and the bad reads of each of the run's requests:
-    (phase, session, round) -> {"foreign_slots", "unwritten_slots"} (none without `store`).
+    (phase, session, round) -> {"foreign_slots", "unwritten_slots"[, "attention_leakage"]}
+    (none without `store`).
     KvdiagError when its file is not there (a server started without the sentinel writes
     none). `wait`: for the server's last counters, written once its work stopped."""
     time.sleep(wait)
@@ -74,15 +79,39 @@ def observe(source: str | Path, since: int = 0, store=None,
             r["share"] = max(r["share"], row["count"] / max(1, row["context_len"]))
     head = report.starts[0] if report.starts else {}
     c = report.counters
+    # a run's leakage is measured only where every wrong read was weighed: a round's mean over
+    # the rest would read as less than it was (the unweighed are the requests that read wrong)
+    unweighed = sum(1 for row in report.leakage.values() if row["unmeasured"])
+    weighed = bool(report.starts) and all(s.get("attention") for s in report.starts) and not unweighed
+    if weighed and not c.unchecked:
+        _leakage(report.leakage, names, per_request)
     block = SentinelBlock(
         source=str(source), engine=head.get("engine"), version=head.get("version"),
         starts=len(report.starts), steps=c.steps, requests=c.requests, reads=c.reads,
         writes=c.writes, unchecked=c.unchecked, foreign=c.foreign, unwritten=c.unwritten,
         overwrite=c.overwrite, groups=group_names(head.get("groups")), zeroed=c.zeroed, copies=c.copies,
-        findings=findings[:SHOWN], findings_total=len(findings),
+        findings=findings[:SHOWN], findings_total=len(findings), attention=weighed,
+        leaked=len(report.leakage), leakage_unweighed=unweighed, leakage_largest=max(
+            (leak for row in report.leakage.values() if (leak := _leak(row)) == leak), default=None),
         rounds=[SentinelRound(round=r, requests=len(v["requests"]), bad_reads=v["bad"],
                               share=round(v["share"], 4)) for r, v in sorted(per_round.items())])
     return block, per_request
+
+
+def _leakage(rows: dict[str, dict], names: dict, per_request: dict) -> None:
+    """Every request of the run: 0 leaked, unless its last line says what it did (NaN:
+    unmeasured)."""
+    for key in names.values():
+        per_request.setdefault(key, {"foreign_slots": 0, "unwritten_slots": 0})["attention_leakage"] = 0.0
+    for row in rows.values():
+        key = _where(row["request"], names)
+        if key is not None:
+            per_request[key]["attention_leakage"] = _leak(row)
+
+
+def _leak(row: dict) -> float:
+    """A leakage line's request's leakage: mass per sampled token (NaN: a token unmeasured)."""
+    return math.nan if row["unmeasured"] or not row["tokens"] else row["mass"] / row["tokens"]
 
 
 def group_names(groups: list | None) -> list[str]:
