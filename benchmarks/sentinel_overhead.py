@@ -1,6 +1,7 @@
-"""What the sentinel costs a real vLLM: the same traffic against two fresh servers, one with
-the sentinel on and one without, in one run; and, inside the sentinel's server, the seconds
-its checks took against the traffic's wall time (the sentinel counts its own time).
+"""What the sentinel costs a real vLLM: the same traffic against three fresh servers, one with
+the sentinel on (and the attention it weighs for leakage, engines/vllm/attention.py), one with
+the sentinel but no weighing, one without, in one run; and, inside the sentinel's server, the
+seconds its checks took against the traffic's wall time (the sentinel counts its own time).
 
 The traffic is the probe's shape without its judging: `--sessions` sessions at once, each
 `--rounds` rounds of a growing history (token ids, greedy, `--tokens` each), so the checks
@@ -8,7 +9,7 @@ see prefix hits, chunked prefills and decode steps.
 
     python benchmarks/sentinel_overhead.py [--sessions 12] [--rounds 6] [--tokens 16]
 
-Prints: wall seconds with and without, their ratio (the target is at most 1.15), the
+Prints: wall seconds with and without, their ratios (the target is at most 1.15), the
 sentinel's own seconds as a share of its server's wall time, and what it checked.
 """
 
@@ -44,10 +45,14 @@ async def traffic(base_url: str, model: str, sessions: int, rounds: int, tokens:
         await asyncio.gather(*(session(k) for k in range(sessions)))
 
 
-def timed(sentinel: Path | None, args) -> float:
+def timed(sentinel: Path | None, args, weigh: bool = True) -> float:
+    import os
+
     from kvdiag.engines.vllm.launcher import VllmLocal
     from kvdiag.paths import CANARY
+    from kvdiag.sentinel.leakage import ENV
 
+    os.environ[ENV] = "1" if weigh else "0"  # the server inherits it
     with VllmLocal(CANARY, num_blocks=args.blocks, max_model_len=2048, sentinel=sentinel,
                    log_path=Path(tempfile.mkdtemp()) / "vllm.log") as server:
         t0 = time.perf_counter()
@@ -70,11 +75,15 @@ def main() -> None:
     args = p.parse_args()
     path = Path(tempfile.mkdtemp()) / "sentinel.jsonl"
     on = timed(path, args)
+    bare = timed(Path(tempfile.mkdtemp()) / "bare.jsonl", args, weigh=False)
     off = timed(None, args)
-    c = read_report(path).counters
+    report = read_report(path)
+    c = report.counters
+    weighed = all(start.get("attention") for start in report.starts)
     print(f"traffic: {args.sessions} sessions x {args.rounds} rounds, {args.tokens} tokens each")
-    print(f"wall seconds: sentinel on {on:.2f}, off {off:.2f}; ratio on/off {on / off:.3f} "
-          "(target <= 1.15)")
+    print(f"wall seconds: sentinel on {on:.2f} (its checks {bare:.2f} without weighing attention), "
+          f"off {off:.2f}; ratio on/off {on / off:.3f} (target <= 1.15), without weighing "
+          f"{bare / off:.3f}; attention weighed in the first: {weighed}")
     print(f"the sentinel's own seconds: {c.seconds:.2f} of {on:.2f} ({100 * c.seconds / on:.1f} % "
           "of its server's wall time)")
     print(f"checked: {c.steps} steps, {c.requests} requests, {c.reads} slot reads, {c.writes} writes; "

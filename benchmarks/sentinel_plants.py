@@ -1,7 +1,9 @@
 """The sentinel against planted faults, run by run: `kvdiag probe --target ENGINE-local:FAULT
 --suite smoke` (the default traffic, the sentinel on), `--runs` fresh servers per fault, and
 the healthy engine too. One line per run: the verdict, whether the sentinel caught it, its
-bad reads, how many requests' answers departed, and the sentinel's first finding.
+bad reads, how many requests' answers departed, the largest attention leakage of a round
+(with --leakage; NaN where a wrong read's attention went unweighed), and the sentinel's
+first finding.
 
     python benchmarks/sentinel_plants.py                          # vLLM's lifecycle plants, 1 run each
     python benchmarks/sentinel_plants.py --runs 10 --faults ref-undercount,stale-lookup
@@ -66,9 +68,15 @@ def one(engine: str, fault: str | None, out: Path, extra: list[str]) -> dict:
         adapter = (s.get("traffic") or {}).get("adapter")
         reached += f"; LoRA rounds on {adapter}" if adapter else ""
         reached += f"; {sentinel['copies']} copy-on-write copies" if sentinel.get("copies") else ""
+    leaks = [r["attention_leakage"] for r in s.get("rounds") or []
+             if r["allocator"] == "shared" and r.get("attention_leakage") is not None]
+    finite = [x for x in leaks if x == x]
+    leak = ("not weighed" if not sentinel.get("attention") else
+            f"largest round {max(finite):.4f}" if finite else "no round")
+    leak += f" ({len(leaks) - len(finite)} rounds unmeasured)" if len(finite) < len(leaks) else ""
     return {"exit": run.returncode, "verdict": s["verdict"], "sentinel_bad": bad,
             "reads": sentinel.get("reads", 0), "answers": s["corrupted_requests"], "first": first,
-            "event": reached}
+            "event": reached, "leakage": leak}
 
 
 def main() -> None:
@@ -77,9 +85,15 @@ def main() -> None:
     p.add_argument("--faults", default=None, help="comma-separated; 'healthy' for none "
                    "(default: the engine's lifecycle plants)")
     p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--leakage", action="store_true", help="weigh attention on the slots read "
+                   "wrong too (KVDIAG_SENTINEL_ATTENTION=1: the rounds' leakage; it costs)")
     p.add_argument("--probe-args", default="", help="more `kvdiag probe` arguments, one string "
                    "(e.g. \"--adapter canary-lora\" for LoRA rounds on vLLM)")
     args = p.parse_args()
+    if args.leakage:
+        import os
+
+        os.environ["KVDIAG_SENTINEL_ATTENTION"] = "1"  # the probes' servers inherit it
     faults = args.faults.split(",") if args.faults else lifecycle_plants(args.engine)
     tally = {}
     root = Path(tempfile.mkdtemp(prefix="kvdiag-sentinel-plants-"))
@@ -89,7 +103,8 @@ def main() -> None:
                     shlex.split(args.probe_args))
             print(f"{fault:26s} run {k + 1}: {r['verdict']:12s} event {r.get('event', '-')}; sentinel bad reads "
                   f"{r.get('sentinel_bad', '-')} of {r.get('reads', '-')} checked; answers departed "
-                  f"{r.get('answers', '-')}; first: {r.get('first', r.get('why'))}", flush=True)
+                  f"{r.get('answers', '-')}; leakage {r.get('leakage', '-')}; first: {r.get('first', r.get('why'))}",
+                  flush=True)
             t = tally.setdefault(fault, [0, 0, 0])
             t[0] += 1
             t[1] += bool(r.get("sentinel_bad"))

@@ -57,7 +57,8 @@ def test_no_sglang_env_exits_2_naming_the_make_target(tmp_path, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.sglang_live
 @needs_sglang
-def test_probe_of_sglang_local(fault, tmp_path):
+def test_probe_of_sglang_local(fault, tmp_path, monkeypatch):
+    monkeypatch.setenv("KVDIAG_SENTINEL_ATTENTION", "1")  # leakage weighed (opt-in: it costs)
     target = "sglang-local" + (f":{fault}" if fault else "")
     code, summary, err = _kvdiag("probe", "--target", target, "--suite", "smoke", "--out",
                                  str(tmp_path / "p"))
@@ -67,17 +68,23 @@ def test_probe_of_sglang_local(fault, tmp_path):
     sentinel = summary["sentinel"]  # on by default for sglang-local
     bad = sentinel["foreign"] + sentinel["unwritten"] + sentinel["overwrite"]
     assert sentinel["engine"] == "sglang" and sentinel["reads"] > 0, sentinel
+    assert sentinel["attention"]  # the attention each sampled token paid to wrong slots, weighed
+    shared = {r["round"]: r["attention_leakage"] for r in summary["rounds"] if r["allocator"] == "shared"}
+    leaked = {r["round"] for r in sentinel["rounds"]}  # rounds whose shared requests read wrong
+    print("LEAKAGE", fault, shared, sorted(leaked))
+    assert all(shared[n] == 0.0 for n in shared if n not in leaked), shared
     if fault is None:
         assert bad == 0, sentinel["findings"][:3]
         assert code == 0, err[-2000:]
         assert summary["verdict"] == "pass" and summary["corrupted_requests"] == 0
         assert summary["recycling"]["observed"], summary["recycling"]
         assert "PLANTED FAULT" not in log
-        # every event of a block's life but preemption: SGLang admits against a reserve for each
-        # running request's remaining tokens and queued the flood instead of retracting
-        # (docs/faults.md, measured), and its retraction counter has no sample until one happens
+        # every event of a block's life, preemption included: the flood asks SGLang for its
+        # long decodes by min_tokens, so SGLang admits it as it admits chat traffic, at its
+        # new-token ratio, and retracts when they outgrow the pool (engines/sglang/protocol.py)
         missing = [r["event"] for r in summary["events"] if not r["reached"]]
-        assert missing in ([], ["preemption"]), summary["events"]
+        assert missing == [], summary["events"]
+        assert "Retract requests" in log  # SGLang's own word for it
         cancel = {r["event"]: r for r in summary["events"]}["cancel-prefill"]
         assert "abort API" in cancel["evidence"]  # SGLang aborted by rid, not at its 1 s poll
         return
@@ -85,6 +92,7 @@ def test_probe_of_sglang_local(fault, tmp_path):
     assert code == 1, err[-2000:]
     assert summary["verdict"] == "fail" and summary["corruption_rounds"]
     assert bad > 0 and summary["reason"].startswith("sentinel: ")
+    assert leaked and all(shared[n] > 0 for n in leaked), shared  # the reference engine's metric, live
     first = summary["first_divergences"][0]
     assert first["round"] in summary["corruption_rounds"]
     assert first["shared_token"] != first["isolated_token"]

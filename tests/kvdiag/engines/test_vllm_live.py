@@ -101,15 +101,30 @@ class TestHealthyVllm:
         assert other_salt == 0 and same_salt > 0  # the check can see a hit when there is one
 
 
-def test_probe_fails_vllm_with_stale_hash_planted(tmp_path_factory, tmp_path):
-    with _server(tmp_path_factory, "stale-hash") as server:
+def test_probe_fails_vllm_with_stale_hash_planted(tmp_path_factory, tmp_path, monkeypatch):
+    """With the sentinel inside (and the attention its wrong slots drew, weighed in vLLM's
+    worker), the rounds that read another prefix's blocks leak attention, the reference
+    engine's metric, and the rounds that read none leak exactly 0."""
+    monkeypatch.setenv("KVDIAG_SENTINEL_ATTENTION", "1")  # the weighing is opt-in (it costs)
+    watch = tmp_path / "sentinel.jsonl"
+    watch.touch()  # the engine writes it at its first step; the probe reads it from the start
+    with VllmLocal(CANARY, fault="stale-hash", block_size=BLOCK, num_blocks=smoke_pool(),
+                   max_model_len=MAX_LEN, log_path=tmp_path / "vllm.log", served_model="canary",
+                   sentinel=watch) as server:
         assert "PLANTED FAULT stale-hash" in server.log_path.read_text()
-        code, summary, err = _probe(server, tmp_path / "p")
+        code, summary, err = _probe(server, tmp_path / "p", "--sentinel", str(watch))
     assert code == 1, err[-2000:]
     assert summary["verdict"] == "fail" and summary["corruption_rounds"]
     first = summary["first_divergences"][0]
     assert first["round"] in summary["corruption_rounds"]
     assert first["shared_token"] != first["isolated_token"]
+    sentinel = summary["sentinel"]
+    assert sentinel["attention"] and sentinel["foreign"] > 0, {k: sentinel[k] for k in ("attention", "foreign")}
+    shared = {r["round"]: r for r in summary["rounds"] if r["allocator"] == "shared"}
+    bad = {r["round"] for r in sentinel["rounds"]}  # rounds whose shared requests read wrong slots
+    print("LEAKAGE", json.dumps({n: (r["attention_leakage"], r["foreign_slots"]) for n, r in shared.items()}))
+    assert bad and all(shared[n]["attention_leakage"] > 0 for n in bad)
+    assert all(shared[n]["attention_leakage"] == 0.0 for n in shared if n not in bad)
 
 
 @pytest.mark.parametrize("fault", ["slot-omitted:5", "parent-ignored"])
@@ -164,6 +179,7 @@ def test_a_users_server_is_read_over_its_sentinels_url(tmp_path_factory, tmp_pat
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     monkeypatch.setenv("KVDIAG_SENTINEL_ADDR", f"127.0.0.1:{port}")
+    monkeypatch.setenv("KVDIAG_SENTINEL_ATTENTION", "1")
     url = f"http://127.0.0.1:{port}/"
     (tmp_path / "server").mkdir()
     server = VllmLocal(CANARY, block_size=BLOCK, num_blocks=smoke_pool(), max_model_len=MAX_LEN,
@@ -176,6 +192,8 @@ def test_a_users_server_is_read_over_its_sentinels_url(tmp_path_factory, tmp_pat
     assert code == 0 and summary["verdict"] == "pass", (summary.get("reason"), err[-2000:])
     sentinel = summary["sentinel"]
     assert sentinel["source"] == url and sentinel["reads"] > 0 and sentinel["foreign"] == 0
+    assert sentinel["attention"]  # weighed in the worker, and nothing read wrong: 0 leaked
+    assert all(r["attention_leakage"] == 0.0 for r in summary["rounds"] if r["allocator"] == "shared")
     assert "KV slot reads checked" in summary["reason"]
     assert read.returncode == 0, read.stderr[-1000:]
     assert json.loads(read.stdout)["reads"] >= sentinel["reads"]
