@@ -27,6 +27,12 @@ class Weigher:
         self.checked = 0
         self.off: str | None = None  # why it stopped weighing
 
+    def stop(self, why: str) -> None:
+        """Weigh nothing more in this process, and say why in the engine's log."""
+        if not self.off:
+            self.off = why
+            log.warning("kvdiag: attention leakage off in this process: %s", why)
+
     @property
     def checking(self) -> bool:
         """Whether the next row is held against the kernel (its V is needed then, only)."""
@@ -45,10 +51,9 @@ class Weigher:
             theirs = out.reshape(heads, -1).float()
             err = float((mine - theirs).abs().max() / theirs.abs().max().clamp_min(1e-6))
             if not err <= TOLERANCE:  # NaN included
-                self.off = (f"the weights give back {self.engine}'s attention output to within "
-                            f"{err:.3g} of its magnitude (tolerance {TOLERANCE}) after {self.checked} "
-                            "rows agreed")
-                log.warning("kvdiag: attention leakage off in this process: %s", self.off)
+                self.stop(f"the weights give back {self.engine}'s attention output to within "
+                          f"{err:.3g} of its magnitude (tolerance {TOLERANCE}) after "
+                          f"{self.checked} rows agreed")
                 return None
             self.checked += 1
         return p.mean((0, 1))

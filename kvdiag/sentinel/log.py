@@ -53,10 +53,13 @@ class SentinelLog:
         self._line({"type": "start", **header, "pid": os.getpid(), "time": time.time()})
         threading.Thread(target=self._flush_idle, daemon=True, name="kvdiag-sentinel").start()
 
-    def _line(self, row: dict) -> None:
+    def _line(self, *rows: dict) -> None:
         with self._lock:
-            self._file.write(json.dumps(row, separators=(",", ":")) + "\n")
-            self._file.flush()
+            self._write(rows)
+
+    def _write(self, rows) -> None:  # the lock held
+        self._file.write("".join(json.dumps(row, separators=(",", ":")) + "\n" for row in rows))
+        self._file.flush()
 
     def finding(self, finding: Finding) -> None:
         self._line(finding.as_dict())
@@ -68,19 +71,17 @@ class SentinelLog:
         file is read is then still there, a few hundred milliseconds behind)."""
         row = {"type": "leakage", "request": request, "tokens": tokens, "mass": mass,
                "unmeasured": unmeasured}
-        with self._lock:
+        with self._lock:  # one lock for both: a kept line is never written after the final one
             self._leaks.pop(request, None)
-            if not final:
+            if final:
+                self._write([row])
+            else:
                 self._leaks[request] = row
-        if final:
-            self._line(row)
 
     def _counters_line(self, counters: Counters) -> None:
         with self._lock:
             leaks, self._leaks = list(self._leaks.values()), {}
-        for row in leaks:
-            self._line(row)
-        self._line({"type": "counters", **asdict(counters)})
+            self._write([*leaks, {"type": "counters", **asdict(counters)}])
 
     def counters(self, counters: Counters) -> None:
         now = time.monotonic()

@@ -91,7 +91,7 @@ def _measure(impl, layer, query, kv_cache, meta, output, write) -> None:
     if key not in _layouts:
         _layouts[key] = learn_layout(kv_cache, write)
     if _layouts[key] is None:
-        WEIGH.off = WEIGH.off or "vLLM's cache write placed K/V in no layout this code can read"
+        WEIGH.stop("vLLM's cache write placed K/V in no layout this code can read")
         return
     k_index, v_index = _layouts[key]
     heads, dim = impl.num_heads, impl.head_size
@@ -104,10 +104,10 @@ def _measure(impl, layer, query, kv_cache, meta, output, write) -> None:
         if last < starts[b] or length <= 0:
             continue
         n = -(-length // block_size)
-        rows = flat[meta.block_table[b, :n].long()]  # [n, a block's storage]
+        table = meta.block_table[b, :n].long()[:, None, None, None]
 
-        def context(index):  # -> [kv_heads, length, dim]
-            return rows[:, index].permute(1, 0, 2, 3).reshape(kv_heads, n * block_size, -1)[:, :length]
+        def context(index):  # only the elements asked for, gathered once -> [kv_heads, length, dim]
+            return flat[table, index].permute(1, 0, 2, 3).reshape(kv_heads, n * block_size, -1)[:, :length]
 
         w = WEIGH(q[last], context(k_index), context(v_index) if WEIGH.checking else None,
                   impl.scale, out[last])
@@ -137,12 +137,11 @@ def _attach(runner, out):
 def install():
     """Measure in this process's CPU attention backend and hand the vectors on with each
     step's output (a process that runs no forward pass is left as it was); returns undo()."""
+    from vllm import _custom_ops as ops
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     from kvdiag.engines.patching import both, swap_attr
-
-    from vllm import _custom_ops as ops
 
     forward = CPUAttentionBackendImpl.forward
     execute, sample = GPUModelRunner.execute_model, GPUModelRunner.sample_tokens

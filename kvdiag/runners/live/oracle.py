@@ -19,9 +19,9 @@ between. So, with LCP the longest common prefix of token ids,
 
 `unit` is the server's block (vLLM; its --prefix-match-unit where smaller) or 1 where unsure
 (SGLang's pages, a proxy): rounding down only tightens a bound, and a wrongly served block
-already reaches past the LCP, so 1 costs nothing but partial-block faults. `last` is 1 where the engine never serves a prompt's
-last token from the cache (vLLM, SGLang, kvdiag serve: one token must be computed for the
-logits), 0 where unsure. A reported count above the bound (verdicts.over_hit) means the cache
+already reaches past the LCP, so 1 costs nothing but partial-block faults. `last` is 1 where
+the engine never serves a prompt's last token from the cache (vLLM, SGLang, kvdiag serve: one
+token must be computed for the logits), 0 where unsure. A reported count above the bound (verdicts.over_hit) means the cache
 served a block whose tokens differ from the request's, or its accounting over-reports.
 
 llama.cpp started with `--cache-reuse N` (a request's `n_cache_reuse`) also shifts chunks of

@@ -273,3 +273,10 @@ class _Out:
     """A step's output as vLLM's ModelRunnerOutput is, for _attach (a dataclass)."""
 
     req_ids: list
+
+
+def test_a_write_op_that_places_nothing_one_to_one_leaves_nothing_weighed():
+    impl, query, cache, meta, *_, out, _ = _paged([5, 9], seed=6)
+    assert attention.learn_layout(cache, lambda *args: None) is None  # wrote nothing it can read
+    attention._measure(impl, NS(isa="none"), query, cache, meta, out, lambda *args: None)
+    assert attention.WEIGH.off and "no layout" in attention.WEIGH.off and not attention._rows
