@@ -148,9 +148,10 @@ def live_row(engine: EngineSpec, name: str, fault: Fault | None, suite: str, cas
 
 
 def _landed(probe: ProbeSummary) -> list[int]:
-    """When each detection's request landed among the run's requests, by any channel: a
-    corrupted shared answer, an over-hit, a lifecycle answer the judge labelled corruption,
-    a sentinel finding (its reader, where that is one of the run's requests)."""
+    """When each detection could first be made, among the run's requests, by any channel: a
+    corrupted shared answer or a lifecycle answer the judge labelled corruption (the later of
+    the request's and its isolated twin's landings), an over-hit, a sentinel finding (its
+    reader, where that is one of the run's requests)."""
     found = probe.sentinel.findings if probe.sentinel else []
     landed = ([f.index for f in probe.first_divergences or []]
               + [e.index for e in probe.key_coverage.oracle.examples]

@@ -81,7 +81,8 @@ class Recycling(Block):
 
 class FirstDivergence(Block):
     """A shared answer's first token that differs from its isolated twin's (tokens None with
-    --no-text)."""
+    --no-text); `index`: when the departure could first be seen, the later of the two
+    requests' landings among the run's requests."""
 
     session: str = ""
     round: int = 0
@@ -228,8 +229,8 @@ class KeyCoverage(Block):
 
 class LifeDivergence(Block):
     """A lifecycle request against its isolated twin: where it first departed (None: it did
-    not), by what margin (NaN: no departure), when it landed among the run's requests
-    (`index`), and the judge's class of its departure (`label`: kvdiag.verdicts, written
+    not), by what margin (NaN: no departure), when a departure could first be seen (`index`:
+    the later of its and its twin's landings among the run's requests), and the judge's class of its departure (`label`: kvdiag.verdicts, written
     back by the probe's judge; None where it did not depart)."""
 
     request: int = 0

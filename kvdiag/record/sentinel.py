@@ -63,6 +63,11 @@ class SentinelBlock(BaseModel):
     leakage_largest: float | None = Field(None, description="the largest of those requests' "
                                           "leakage: attention on wrong slots per sampled token, "
                                           "mean over layers and heads (None: none measured)")
+    by_phase: dict[str, int] = Field(default_factory=dict, description="positions read foreign or "
+                                     "unwritten, by the phase of the run's request that read them "
+                                     "('unnamed': a request the run's records do not name), most first")
+    isolated_bad: int = Field(0, description="of those, positions read wrong by requests sent "
+                              "isolated: the ground truth the answers are compared with")
     findings: list[SentinelFinding] = Field(default_factory=list, description="the first 20")
     findings_total: int = 0
     rounds: list[SentinelRound] = Field(default_factory=list)

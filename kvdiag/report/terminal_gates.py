@@ -79,8 +79,9 @@ def render_matrix(result) -> list:
     s = result.summary
     table = compact_table(f"detection matrix · {s.engine} · suite {s.suite}",
                           "to first: requests landed until the first detection (a corrupted "
-                          "answer of a shared round or the lifecycle phase, an over-hit, or a "
-                          "sentinel finding's reader); - where none was, the path measures none, "
+                          "answer of a shared round or the lifecycle phase, once it and its "
+                          "isolated twin had landed; an over-hit; a sentinel finding's reader); "
+                          "- where none was, the path measures none, "
                           "or only a differential pair's answer caught it (counted in corrupted, "
                           "not placed)")
     for col in ("fault", "path", "event", "verdict", "expected", "caught by", "corrupted", "round",

@@ -66,3 +66,4 @@ class Counters:
     zeroed: int = 0  # blocks the workers zeroed before a step (unwritten again)
     copies: int = 0  # copy-on-write block copies applied
     seconds: float = 0.0  # spent checking, in the engine's own process (the sentinel's cost)
+    weighing: float = 0.0  # spent weighing attention for leakage, where the forward pass runs

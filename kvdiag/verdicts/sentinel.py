@@ -29,8 +29,14 @@ def sentinel_finding(block) -> str | None:
         return None
     parts = [f"{n} {what}" for n, what in ((block.foreign, "foreign"), (block.unwritten, "unwritten"),
                                            (block.overwrite, "overwritten")) if n]
+    named = set(block.by_phase) - {"unnamed"}  # a file read on its own names no phase
+    phases = ", ".join(f"{phase} {n}" for phase, n in list(block.by_phase.items())[:6]) if named else ""
+    truth = (f"; {block.isolated_bad} of them read by requests sent isolated, so the ground truth "
+             "was itself served wrong K/V: any departure of the answers is from twins that may "
+             "be the wrong ones" if block.isolated_bad else "")
     return (f"sentinel: {', '.join(parts)} KV slot reads inside the server, in "
-            f"{block.findings_total} finding(s) ({_first(block)})")
+            f"{block.findings_total} finding(s) ({_first(block)})"
+            + (f"; read wrong by phase: {phases}" if phases else "") + truth)
 
 
 def sentinel_cleared(block) -> str | None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from kvdiag.engines.weights import Weigher
+from kvdiag.engines.weights import Weigher, groups
 
 WEIGH = Weigher("SGLang")
 KEEP = 4096  # rows kept for batches not yet checked (overlap scheduling runs one ahead)
@@ -35,20 +35,26 @@ def take(pool_idx: int, length: int):
 
 
 def _measure(q, out, k_cache, v_cache, req_to_token, pool, seq_lens, last_rows, scaling) -> None:
-    for b, (idx, length) in enumerate(zip(pool.tolist(), seq_lens.tolist())):
-        if length <= 0:
-            continue
-        slots = req_to_token[idx, :length].long()
-        w = WEIGH(q[last_rows[b]], k_cache[slots].transpose(0, 1),
-                  v_cache[slots].transpose(0, 1) if WEIGH.checking else None, scaling, out[last_rows[b]])
+    rows = [(idx, length, last_rows[b]) for b, (idx, length) in enumerate(zip(pool.tolist(), seq_lens.tolist()))
+            if length > 0]
+    kv_heads, dim = k_cache.shape[1:]
+    for group in groups([length for _, length, _ in rows], kv_heads * dim):
+        chosen = [rows[i] for i in group]
+        slots = req_to_token[[idx for idx, _, _ in chosen], :max(n for _, n, _ in chosen)].long()
+        slots = slots.clamp(0, len(k_cache) - 1)  # past a row's length: read, then masked
+        lasts = [last for *_, last in chosen]
+        values = [v_cache[slots[i, :chosen[i][1]]].transpose(0, 1) for i in range(WEIGH.left(len(chosen)))]
+        w = WEIGH(q[lasts], k_cache[slots].permute(0, 2, 1, 3), [n for _, n, _ in chosen], scaling,
+                  out[lasts], values)
         if w is None:
             return
-        got = weights.get((idx, length))
-        if got is None:
-            weights[(idx, length)] = [w, 1]
-        else:
-            got[0] += w
-            got[1] += 1
+        for i, (idx, length, _) in enumerate(chosen):
+            got = weights.get((idx, length))
+            if got is None:
+                weights[(idx, length)] = [w[i, :length].clone(), 1]
+            else:
+                got[0] += w[i, :length]
+                got[1] += 1
     while len(weights) > KEEP:
         weights.popitem(last=False)
 
@@ -72,8 +78,9 @@ def install():
         out = extend(self, query, output, k_cache, v_cache, req_to_token, pool, seq_lens,
                      prefix_lens, extend_lens, *args, **kwargs)
         if plain(kwargs) and kwargs.get("causal", True):
-            _measure(query, output, k_cache, v_cache, req_to_token, pool, seq_lens,
-                     (torch.cumsum(extend_lens, 0) - 1).tolist(), kwargs["scaling"])
+            with WEIGH.timed():
+                _measure(query, output, k_cache, v_cache, req_to_token, pool, seq_lens,
+                         (torch.cumsum(extend_lens, 0) - 1).tolist(), kwargs["scaling"])
         return out
 
     def decode_weighed(self, query, output, k_cache, v_cache, req_to_token, pool, seq_lens,
@@ -81,8 +88,9 @@ def install():
         out = decode(self, query, output, k_cache, v_cache, req_to_token, pool, seq_lens,
                      *args, **kwargs)
         if plain(kwargs):
-            _measure(query, output, k_cache, v_cache, req_to_token, pool, seq_lens,
-                     list(range(len(seq_lens))), kwargs["scaling"])
+            with WEIGH.timed():
+                _measure(query, output, k_cache, v_cache, req_to_token, pool, seq_lens,
+                         list(range(len(seq_lens))), kwargs["scaling"])
         return out
 
     return both(swap_attr(TorchNativeAttnBackend, "_run_sdpa_forward_extend", extend_weighed),

@@ -10,7 +10,7 @@ started by hand works the same. `match-overrun` and `page-overrun` act above the
 (either one); `page-overrun` needs pages of more than one token, and since sglang-local asks
 for --page-size 1, the plugin sets SGLang's page size to PAGE_OVERRUN_SIZE before SGLang
 resolves its arguments (/server_info then reports it, and the probe plans for it). The
-lifecycle faults (`event` set: dedup-no-remap, abort-publish) act above the tree core too and
+lifecycle faults (`event` set: dedup-no-remap, abort-publish, retract-frees-prefix) act above the tree core too and
 need no environment of their own.
 """
 
@@ -105,6 +105,18 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
         "a prompt several prefill chunks long, cancelled by its client in mid-prefill, then the "
         "same prefix asked again (same cache_salt) and held against an isolated twin",
         event="cancel-prefill"),
+    Fault(
+        "retract-frees-prefix", "retraction frees the tree's prefix (use-after-free)",
+        "a request retracted for memory frees as many pages as it owns, but counted from its "
+        "row's start: the tree's prefix pages go back to the allocator while its nodes keep "
+        "mapping them, so the next match of that prefix reads pages handed out again",
+        "sglang/srt/mem_cache/common.py:release_kv_cache (from ScheduleBatch.retract_decode)",
+        ("SGLang #38319 / PR #38355 (a radix node kept KV pages freed by retract/abort and "
+         "handed out again; impossible first tokens until /flush_cache)",),
+        (CORRUPTS_OUTPUT,),
+        "decodes that outgrow the pool, so SGLang retracts requests whose prompts the tree "
+        "holds, then the same prefixes matched again",
+        event="preemption"),
 )}
 
 

@@ -83,6 +83,41 @@ def plant_abort_publish() -> None:
     Scheduler.process_pending_chunked_abort = process_pending_chunked_abort_
 
 
+def plant_retract_frees_prefix() -> None:
+    """When SGLang retracts a decoding request for memory (ScheduleBatch.retract_decode ->
+    release_req -> release_kv_cache), it frees the request's own pages, [cache_protected_len,
+    owned): the protected prefix below is the tree's. Here it frees as many pages counted
+    from the row's start instead, so the tree's prefix pages go back to the allocator while
+    its nodes keep mapping them, and the request's own pages are never freed:
+
+        row        [tree_0 .. tree_(p-1)] [own_0 .. own_(n-1)]    protected p, owned p + n
+        SGLang     frees own_0 .. own_(n-1)
+        fault      frees tree_0 .. tree_(min(n, p)-1), keeps own_0 .. own_(min(n, p)-1)
+        next match of that prefix (the request itself, resumed, or another session): pages the
+        allocator has handed out again since, read as its K/V
+
+    Silent by construction: as many pages are freed as SGLang frees, so the pool's counts
+    stay exact (the tree's pages, freed again when the tree evicts them, balance the ones
+    never freed), and nothing is logged. It acts only on a retraction (release_req has no
+    other caller) of a request with a protected prefix: in 0.5.23 every prefill is
+    checkpointed into the tree, so every retracted request has one (SGLang #38319: a radix
+    node kept KV pages freed by a retract and handed out again)."""
+    from sglang.srt.managers import schedule_batch
+
+    release_kv_cache = schedule_batch.release_kv_cache
+
+    def release_kv_cache_(req, tree_cache, *, checkpoint: bool):
+        if not checkpoint and req.kv.holds_kv and not getattr(tree_cache, "disable", True):
+            protected, owned = req.kv.cache_protected_len, req.owned_kv_len()
+            n = min(protected, owned - protected)
+            if n > 0:  # FAULT: the range freed starts at the row's start, not at the prefix's end
+                row = tree_cache.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
+                row[protected:protected + n] = row[:n].clone()
+        return release_kv_cache(req, tree_cache, checkpoint=checkpoint)
+
+    schedule_batch.release_kv_cache = release_kv_cache_
+
+
 def _publish_unwritten(cache, req) -> None:
     """abort-publish: insert `req`'s prompt up to its last token into the tree, on fresh pages
     past what it computed."""
@@ -106,4 +141,5 @@ def _publish_unwritten(cache, req) -> None:
 PLANTS = {
     "dedup-no-remap": plant_dedup_no_remap,
     "abort-publish": plant_abort_publish,
+    "retract-frees-prefix": plant_retract_frees_prefix,
 }

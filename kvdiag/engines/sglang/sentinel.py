@@ -132,6 +132,10 @@ class SglangSentinel:
                 self.reqs.update((item[0].rid, item[0]) for item in items)
                 if self.leakage is not None:
                     self._weigh(items)
+            if self.leakage is not None:
+                from kvdiag.engines.sglang.attention import WEIGH
+
+                self.ledger.counters.weighing = WEIGH.seconds  # in this process, so far
             self.log.counters(self.ledger.counters)
             return
 

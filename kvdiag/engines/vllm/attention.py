@@ -19,13 +19,17 @@ and heads is not: the live engines' `attention_leakage_max` stays unmeasured.
 K is read back from vLLM's own cache after the layer ran (post-RoPE, as the kernel read it),
 through the step's block table: the same slots the sentinel judged. vLLM's CPU kernels pack a
 block for their ISA, so where each element lies is learned once from vLLM's own write op
-(learn_layout). The weights are held against the kernel's own output (engines/weights.py:
+(learn_layout). Where that layout is a strided view of the block (strided: AMX's tiles of 16
+slots, dims in VNNI pairs), each block's K span is gathered whole and viewed, the pairs moved
+as one wider integer; otherwise element by element. All of a step's rows are weighed at once
+per layer, padded to the longest and masked (in groups that bound the memory). The weights are held against the kernel's own output (engines/weights.py:
 with V from the same slots they must give back what it wrote), so a misread cache turns the
 measurement off instead of reporting it. Measured only on vLLM's CPU attention backend, for
 plain causal attention (no sliding window, ALiBi, soft cap or sinks); elsewhere the step
 carries no vector and the engine core counts a wrong read's token as unweighed, never as 0.
 Cost: one extra attention row per request per layer and step, in float32, plus its vector in
-the step's output: 2.8 times vLLM's wall time on 2 CPU cores with the canary
+the step's output; the worker counts its seconds and hands them on with each step (SECONDS,
+the sentinel's counters' `weighing`): 25 % of vLLM's wall time on 2 CPU cores with the canary
 (benchmarks/sentinel_overhead.py), which is why it is opt-in (kvdiag.sentinel.leakage.ENV).
 
     install()   # by kvdiag's vLLM plugin, with the sentinel
@@ -35,13 +39,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from kvdiag.engines.weights import Weigher
+from kvdiag.engines.weights import Weigher, groups
 
 ATTR = "kvdiag_attention"  # the output's attribute: {request id: float32 array [context]}
+SECONDS = "kvdiag_weighing_seconds"  # and the worker's seconds weighing, so far (its cost)
 WEIGH = Weigher("vLLM")
 
 _rows: dict[int, list] = {}  # batch row -> [summed weights, layers], for the step running now
-_layouts: dict = {}  # (cache shape, dtype, isa) -> (K index, V index) into a block, or None
+_layouts: dict = {}  # (cache shape, dtype, isa) -> (K index, V index, K as a strided view), or None
+_WIDER = {2: "int16", 4: "int32", 8: "int64"}  # bytes -> the integer a packed group moves as
 
 
 def learn_layout(kv_cache, write):
@@ -80,6 +86,74 @@ def learn_layout(kv_cache, write):
     return tuple(index)
 
 
+def _digits(offsets: list[int]) -> list[tuple[int, int]] | None:
+    """(size, stride) of each digit of one axis, most significant first, where the axis's
+    element x lies at sum(digit_i(x) * stride_i) (x split in mixed radix: AMX tiles of 16
+    slots, VNNI pairs of dims); None when no such split gives every offset."""
+    n, found, period = len(offsets), [], 1
+    while period < n:
+        stride, m = offsets[period], 1
+        while m * period < n and offsets[m * period] == m * stride:
+            m += 1
+        if n % (m * period):
+            return None
+        found.append((m, stride))
+        period *= m
+    for x in range(n):
+        at, rest = 0, x
+        for size, stride in found:
+            at, rest = at + rest % size * stride, rest // size
+        if at != offsets[x]:
+            return None
+    return found[::-1]
+
+
+def strided(index, itemsize: int = 2):
+    """`index` ([kv_heads, block_size, dim] into a block, from learn_layout) as a strided view
+    over the span it covers: (start, span, sizes, strides, pack), or None where it is no such
+    view. Gathering a span (a few contiguous KB a block) and viewing it costs a fraction of an
+    element-by-element gather. `pack` > 1: the innermost `pack` dims lie side by side (VNNI
+    pairs), so the view moves them as one wider integer (`itemsize` bytes each), not apart."""
+    start, base = int(index.min()), int(index[0, 0, 0])
+    if base != start:
+        return None
+    axes = [(index[:, 0, 0] - base).tolist(), (index[0, :, 0] - base).tolist(),
+            (index[0, 0, :] - base).tolist()]
+    split = [_digits(a) for a in axes]
+    if None in split:
+        return None
+    import torch
+
+    h, s, d = (torch.tensor(a) for a in axes)
+    if not torch.equal(index - base, h[:, None, None] + s[None, :, None] + d[None, None, :]):
+        return None
+    digits = [x for axis in split for x in axis]
+    span = int(index.max()) - start + 1
+    pack = digits[-1][0] if split[2] and digits[-1][1] == 1 else 1
+    if pack > 1 and (pack * itemsize not in _WIDER or span % pack or any(x[1] % pack for x in digits[:-1])):
+        pack = 1
+    return start, span, [x[0] for x in digits], [x[1] for x in digits], pack
+
+
+def _keys(flat, layout, ids, kv_heads, block_size, dim):
+    """The K of blocks `ids` [rows, n], as the rows' contexts [rows, kv_heads, n * block_size, dim]."""
+    import torch
+
+    rows, n = ids.shape
+    k_index, _, view = layout
+    if view is not None:  # each block's K span, contiguous, then viewed in its layout
+        start, span, sizes, strides, pack = view
+        got = flat[:, start:start + span].index_select(0, ids.reshape(-1))
+        if pack > 1:
+            got, sizes, strides = (got.view(getattr(torch, _WIDER[pack * got.element_size()])),
+                                   sizes[:-1], [x // pack for x in strides[:-1]])
+        k = got.as_strided((rows * n, *sizes), (span // pack, *strides)).reshape(rows * n, -1)
+        k = k.view(flat.dtype).reshape(rows, n, kv_heads, block_size, dim)
+    else:
+        k = flat[ids[:, :, None, None, None], k_index]
+    return k.permute(0, 2, 1, 3, 4).reshape(rows, kv_heads, n * block_size, dim)
+
+
 def _measure(impl, layer, query, kv_cache, meta, output, write) -> None:
     """Add this layer's attention of each row's last query token to `_rows` (weighed and held
     against the kernel's output by WEIGH). `write`: vLLM's cache write op, for its layout."""
@@ -89,40 +163,45 @@ def _measure(impl, layer, query, kv_cache, meta, output, write) -> None:
     blocks, kv_heads, block_size, _ = kv_cache.shape
     key = (tuple(kv_cache.shape[1:]), kv_cache.dtype, getattr(layer, "isa", None))
     if key not in _layouts:
-        _layouts[key] = learn_layout(kv_cache, write)
+        learned = learn_layout(kv_cache, write)
+        _layouts[key] = learned and (*learned, strided(learned[0], kv_cache.element_size()))
     if _layouts[key] is None:
         WEIGH.stop("vLLM's cache write placed K/V in no layout this code can read")
         return
-    k_index, v_index = _layouts[key]
+    layout = _layouts[key]
     heads, dim = impl.num_heads, impl.head_size
     q = query[:meta.num_actual_tokens].reshape(-1, heads, dim)
     out = output[:meta.num_actual_tokens].reshape(len(q), heads, -1)
     starts, lens = meta.query_start_loc.tolist(), meta.seq_lens.tolist()
+    rows = [(b, starts[b + 1] - 1, n) for b, n in enumerate(lens) if n > 0 and starts[b + 1] > starts[b]]
     flat = kv_cache.reshape(blocks, -1)
-    for b, length in enumerate(lens):
-        last = starts[b + 1] - 1
-        if last < starts[b] or length <= 0:
-            continue
-        n = -(-length // block_size)
-        table = meta.block_table[b, :n].long()[:, None, None, None]
+    for group in groups([n for *_, n in rows], kv_heads * dim):
+        chosen = [rows[i] for i in group]
+        n = -(-max(length for *_, length in chosen) // block_size)
+        ids = meta.block_table[[b for b, *_ in chosen], :n].long().clamp(0, blocks - 1)
+        lasts = [last for _, last, _ in chosen]
 
-        def context(index):  # only the elements asked for, gathered once -> [kv_heads, length, dim]
-            return flat[table, index].permute(1, 0, 2, 3).reshape(kv_heads, n * block_size, -1)[:, :length]
-
-        w = WEIGH(q[last], context(k_index), context(v_index) if WEIGH.checking else None,
-                  impl.scale, out[last])
+        values = []  # the V of the rows the weigher still checks, element by element
+        for _, _, length in chosen[:WEIGH.left(len(chosen))]:
+            table = ids[len(values), :-(-length // block_size)][:, None, None, None]
+            v = flat[table, layout[1]].permute(1, 0, 2, 3).reshape(kv_heads, -1, dim)
+            values.append(v[:, :length])
+        w = WEIGH(q[lasts], _keys(flat, layout, ids, kv_heads, block_size, dim),
+                  [length for *_, length in chosen], impl.scale, out[lasts], values)
         if w is None:
             return
-        row = _rows.get(b)
-        if row is None or len(row[0]) != length:
-            _rows[b] = [w, 1]
-        else:
-            row[0] += w
-            row[1] += 1
+        for i, (b, _, length) in enumerate(chosen):
+            row = _rows.get(b)
+            if row is None or len(row[0]) != length:
+                _rows[b] = [w[i, :length].clone(), 1]
+            else:
+                row[0] += w[i, :length]
+                row[1] += 1
 
 
 def _attach(runner, out):
-    """The step's output with the vectors, by request id (a copy: vLLM reuses its empty output)."""
+    """The step's output with the vectors, by request id, and the seconds spent weighing so far
+    (a copy: vLLM reuses its empty output)."""
     if out is None or not hasattr(out, "req_ids") or not out.req_ids:
         return out
     ids = runner.input_batch.req_ids
@@ -131,6 +210,7 @@ def _attach(runner, out):
     _rows.clear()
     out = dataclasses.replace(out)
     setattr(out, ATTR, vectors)
+    setattr(out, SECONDS, WEIGH.seconds)
     return out
 
 
@@ -157,7 +237,8 @@ def install():
                                                k_scale=1.0, v_scale=1.0,
                                                kv_cache_dtype=self.kv_cache_dtype)
 
-            _measure(self, layer, query, kv_cache, attn_metadata, written, write)
+            with WEIGH.timed():
+                _measure(self, layer, query, kv_cache, attn_metadata, written, write)
         return out
 
     def execute_measured(self, scheduler_output, *args, **kwargs):

@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from kvdiag.engines.vllm.attention import ATTR
+from kvdiag.engines.vllm.attention import ATTR, SECONDS
 from kvdiag.sentinel.facts import Counters, Scheduled, namespace_of
 from kvdiag.sentinel.leakage import Leakage
 from kvdiag.sentinel.ledger import Ledger
@@ -110,6 +110,7 @@ class VllmSentinel:
         self.cancelled: set[str] = set()
         self.step_no = 0
         self.leakage: Leakage | None = None  # where the worker hands over attention
+        self.weighing = 0.0  # the worker's seconds weighing it, as it last said
 
     def _start(self, scheduler, attention: bool) -> None:
         vllm = sys.modules.get("vllm")  # the engine's own process has it (a test may not)
@@ -196,7 +197,10 @@ class VllmSentinel:
         if self.leakage is not None:
             self._leaked([share for it in items if it is not None for share in it if share is not None],
                          ledgers[0], weights or {})
-        self.log.counters(merged(ledgers, self.skipped))
+        self.weighing = getattr(results, SECONDS, self.weighing)
+        counters = merged(ledgers, self.skipped)
+        counters.weighing = self.weighing
+        self.log.counters(counters)
 
     def _leaked(self, shares: list[Scheduled], ledger: Ledger, weights: dict) -> None:
         """Each token sampled this step (its request's known tokens all computed), weighed."""

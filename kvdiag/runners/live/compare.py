@@ -125,8 +125,15 @@ def lifecycle_divergences(store: RoundStore) -> list[LifeDivergence]:
         out.append(LifeDivergence(request=j, group=row.get("group"), first_divergence=i,
                                   margin=margin_at(iso, row["tokens"], i) if i is not None else math.nan,
                                   cached_tokens=row.get("cached_tokens"), prompt_tokens=row.get("prompt_tokens"),
-                                  index=row.get("index")))
+                                  index=seen(row, iso)))
     return out
+
+
+def seen(row: dict, twin: dict) -> int | None:
+    """When a departure between a request and its isolated twin could first be seen: the later
+    of their two landings (a twin answered after a fault corrupted it departs only then)."""
+    at = [x for x in (row.get("index"), twin.get("index")) if x is not None]
+    return max(at) if len(at) == 2 else None
 
 
 def ground_truth(store: RoundStore) -> GroundTruth:
@@ -201,7 +208,7 @@ def first_divergences(plan: CasePlan, store: RoundStore, corrupt, pressure: list
         (phase, j, k), r, i = index[row.session], int(row.round) - 1, int(row.first_divergence)
         got, want = store.done[(phase, j, r)]["tokens"], store.done[(ISOLATED, k, r)]["tokens"]
         firsts.append(FirstDivergence(session=row.session, round=r + 1, token_index=i,
-                                      index=store.done[(phase, j, r)]["index"],
+                                      index=seen(store.done[(phase, j, r)], store.done[(ISOLATED, k, r)]),
                                       shared_token=got[i] if i < len(got) else None,
                                       isolated_token=want[i] if i < len(want) else None,
                                       margin=float(row.divergence_margin)))

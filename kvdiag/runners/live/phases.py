@@ -34,6 +34,12 @@ PLP, PLP_ISOLATED = "plp", "plp-isolated"  # short prompt-logprob requests, shar
 PLP_EVERY, PLP_BLOCKS = 4, 8  # every 4th round of a session; its prompt's first 8 blocks
 
 
+def isolated(phase: str) -> bool:
+    """Whether a phase's requests are the ground truth, each sent isolated (a fresh cache_salt,
+    or a reset): the suite's isolated rounds, the floor's repeats, every '<phase>-isolated'."""
+    return phase in (ISOLATED, FLOOR) or phase.endswith("-isolated")
+
+
 @dataclass
 class ProbeSettings:
     concurrency: int = 16

@@ -58,7 +58,7 @@ def observe(source: str | Path, since: int = 0, store=None,
     except OSError as e:  # a URL that stopped answering
         raise KvdiagError(f"sentinel at {source}: {e}") from None
     names = _names(store)
-    findings, per_round, per_request = [], {}, {}
+    findings, per_round, per_request, by_phase = [], {}, {}, {}
     for row in report.findings:
         key = _where(row["request"], names)
         writers = row.get("writers", [])
@@ -68,6 +68,9 @@ def observe(source: str | Path, since: int = 0, store=None,
             writers=writers,
             writers_where=[_label(_where(w, names)) for w in writers],
             context=row.get("context", []), writer_context=row.get("writer_context", [])))
+        if row["kind"] != "overwrite":
+            phase = "unnamed" if key is None else key[0]
+            by_phase[phase] = by_phase.get(phase, 0) + row["count"]
         if key is None or row["kind"] == "overwrite":
             continue
         counts = per_request.setdefault(key, {"foreign_slots": 0, "unwritten_slots": 0})
@@ -91,6 +94,8 @@ def observe(source: str | Path, since: int = 0, store=None,
         writes=c.writes, unchecked=c.unchecked, foreign=c.foreign, unwritten=c.unwritten,
         overwrite=c.overwrite, groups=group_names(head.get("groups")), zeroed=c.zeroed, copies=c.copies,
         findings=findings[:SHOWN], findings_total=len(findings), attention=weighed,
+        by_phase=dict(sorted(by_phase.items(), key=lambda kv: -kv[1])),
+        isolated_bad=sum(n for phase, n in by_phase.items() if P.isolated(phase)),
         leaked=len(report.leakage), leakage_unweighed=unweighed, leakage_largest=max(
             (leak for row in report.leakage.values() if (leak := _leak(row)) == leak), default=None),
         rounds=[SentinelRound(round=r, requests=len(v["requests"]), bad_reads=v["bad"],

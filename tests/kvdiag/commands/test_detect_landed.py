@@ -34,3 +34,21 @@ def test_each_channel_places_its_detection():
     assert _landed(s) == [shared + 5]  # only what the judge labelled corruption
     s.sentinel.findings[2].index = shared + 2
     assert min(_landed(s)) == shared + 2
+
+
+def test_a_departure_is_placed_when_both_answers_had_landed(tmp_path):
+    """A twin answered after a fault corrupted it (a page the free list held twice, handed to
+    the isolated run) departs from its request only then: the detection is placed at the later
+    of the two landings, not at the request's own, which may predate the fault."""
+    from kvdiag.runners.live.compare import lifecycle_divergences, seen
+    from kvdiag.runners.live.lifeplan import LIFE, LIFE_ISOLATED
+    from kvdiag.runners.live.store import RoundStore
+
+    store = RoundStore(tmp_path / "rounds.jsonl")
+    store.done = {(LIFE, 0, 0): {"index": 3, "tokens": ["a", "b"], "group": "flood"},
+                  (LIFE_ISOLATED, 0, 0): {"index": 40, "tokens": ["a", "c"], "top": []},
+                  (LIFE, 1, 0): {"index": 50, "tokens": ["x"], "group": "revisit"},
+                  (LIFE_ISOLATED, 1, 0): {"index": 9, "tokens": ["x"], "top": []}}
+    placed = {d.request: d.index for d in lifecycle_divergences(store)}
+    assert placed == {0: 40, 1: 50}
+    assert seen({"index": 5}, {}) is None  # a landing unknown: not placed, never a guess

@@ -260,7 +260,8 @@ def test_cancel_mid_prefill(fault, tmp_path):
 def test_every_fault_has_a_plant_and_the_lifecycle_ones_an_event(monkeypatch):
     assert set(plugin._plants()) == set(FAULTS)  # no SGLang import: the plants import it late
     lifecycle = {name: f.event for name, f in FAULTS.items() if f.event is not None}
-    assert lifecycle == {"dedup-no-remap": "concurrent-prefill", "abort-publish": "cancel-prefill"}
+    assert lifecycle == {"dedup-no-remap": "concurrent-prefill", "abort-publish": "cancel-prefill",
+                         "retract-frees-prefix": "preemption"}
     assert set(lifecycle.values()) <= set(EVENTS)
     monkeypatch.delenv(FAULT_ENV, raising=False)
     monkeypatch.delenv("KVDIAG_SENTINEL", raising=False)

@@ -98,7 +98,7 @@ def test_probe_of_sglang_local(fault, tmp_path, monkeypatch):
     assert first["shared_token"] != first["isolated_token"]
 
 
-@pytest.mark.parametrize("fault", ["dedup-no-remap", "abort-publish"])
+@pytest.mark.parametrize("fault", ["dedup-no-remap", "abort-publish", "retract-frees-prefix"])
 @pytest.mark.slow
 @pytest.mark.sglang_live
 @needs_sglang

@@ -125,6 +125,54 @@ def test_a_packed_cache_is_read_through_the_layout_learned_from_the_write_op():
     assert all(torch.allclose(got[0][b], got[1][b]) for b in got[0])
 
 
+def _tiled(kv_heads=2, bs=4, dim=8):
+    """A block packed as vLLM's AMX kernel packs it: per KV head, tiles of 2 slots, in each the
+    dims in pairs side by side (VNNI), K of every head first, then V plain."""
+    packing = torch.empty(kv_heads * 2 * bs * dim, dtype=torch.long)
+    for h in range(kv_heads):
+        for s in range(bs):
+            for d in range(dim):
+                packing[(h * 2 * bs + s) * dim + d] = (h * bs * dim + s // 2 * 2 * dim + d // 2 * 4
+                                                       + s % 2 * 2 + d % 2)
+                packing[(h * 2 * bs + bs + s) * dim + d] = kv_heads * bs * dim + (h * bs + s) * dim + d
+    return packing
+
+
+def test_a_tiled_cache_is_read_as_a_strided_view_and_weighs_as_a_plain_one():
+    """A layout that is a strided view of each block (AMX tiles, dims in pairs) is gathered by
+    spans and viewed, pairs moved as one wider integer; a shuffled one element by element.
+    Both weigh what a plain cache weighs."""
+    lens = [5, 9, 16, 13, 1]
+    shuffled = torch.randperm(2 * 2 * 4 * 8, generator=torch.Generator().manual_seed(9))
+    got = []
+    for packing in (None, _tiled(), shuffled):
+        impl, query, cache, meta, *_, out, write = _paged(lens, seed=5, write=_writer(packing))
+        attention._measure(impl, NS(isa=str(packing)), query, cache, meta, out, write)
+        got.append({b: w.clone() for b, (w, _) in attention._rows.items()})
+        attention._rows.clear()
+    views = [layout[2] for layout in attention._layouts.values()]
+    assert views[0][4] == 1 and views[1][2:] == ([2, 2, 2, 4, 2], [32, 16, 2, 4, 1], 2) and views[2] is None
+    assert attention.WEIGH.off is None and all(len(g) == len(lens) for g in got)
+    assert all(torch.allclose(got[0][b], g[b]) for g in got[1:] for b in got[0])
+
+
+def test_rows_are_weighed_in_groups_that_bound_the_gathered_keys(monkeypatch):
+    from kvdiag.engines import weights
+
+    monkeypatch.setattr(weights, "ELEMENTS", 100)
+    assert weights.groups([10, 10, 40, 5, 200, 3], 1) == [range(0, 2), range(2, 4), range(4, 5), range(5, 6)]
+    assert weights.groups([], 8) == []
+    lens = [5, 9, 16, 13]
+    monkeypatch.setattr(weights, "ELEMENTS", 2 * 16 * 8)  # two rows of 16 at most
+    impl, query, cache, meta, *_, out, write = _paged(lens, seed=5)
+    attention._measure(impl, NS(isa="plain"), query, cache, meta, out, write)
+    grouped = {b: w.clone() for b, (w, _) in attention._rows.items()}
+    attention._rows.clear()
+    monkeypatch.setattr(weights, "ELEMENTS", 1 << 23)
+    attention._measure(impl, NS(isa="plain"), query, cache, meta, out, write)
+    assert all(torch.allclose(grouped[b], attention._rows[b][0]) for b in range(len(lens)))
+
+
 def test_a_cache_read_in_the_wrong_layout_turns_the_weighing_off():
     """A layout that reads wrong (the write op below lies about where it put K and V) no
     longer gives back the kernel's output, so nothing is weighed: leakage is unmeasured,
@@ -198,9 +246,49 @@ def test_the_probe_rows_get_0_where_nothing_was_read_wrong_and_nan_in_a_run_not_
     assert not block.attention and not any("attention_leakage" in r for r in rows.values())
 
 
-def _step(sentinel, scheduler, out, weights):
+def test_bad_reads_are_counted_by_the_phase_that_read_them(tmp_path):
+    path = tmp_path / "s.jsonl"
+    tag = {k: f"kvdiag-{k:016x}" for k in (1, 2, 3)}
+    finding = dict(type="finding", kind="foreign", step=4, positions=[[0, 8]], context_len=20,
+                   writers=[], context=[], writer_context=[])
+    path.write_text("\n".join(json.dumps(x) for x in [
+        {"type": "start", "engine": "sglang"},
+        finding | {"request": tag[1], "count": 8}, finding | {"request": tag[2], "count": 5},
+        finding | {"request": tag[3], "count": 3}, finding | {"request": "elsewhere", "count": 2},
+        finding | {"request": tag[1], "count": 1, "kind": "overwrite"},
+        {"type": "counters", "steps": 5, "reads": 100, "foreign": 18, "overwrite": 1}]) + "\n")
+    store = NS(done={("floor", 1, 0): {"request_id": tag[1]}, ("shared", 2, 0): {"request_id": tag[2]},
+                     ("life-isolated", 3, 0): {"request_id": tag[3]}})
+    block, _ = observe(path, store=store, wait=0)
+    assert block.by_phase == {"floor": 8, "shared": 5, "life-isolated": 3, "unnamed": 2}
+    assert block.isolated_bad == 11 and list(block.by_phase)[0] == "floor"
+
+
+def _step(sentinel, scheduler, out, weights, seconds=None):
     sentinel.scheduled(scheduler, out)
-    sentinel.step(scheduler, out, NS(**{attention.ATTR: weights}))
+    said = {} if seconds is None else {attention.SECONDS: seconds}
+    sentinel.step(scheduler, out, NS(**{attention.ATTR: weights}, **said))
+
+
+def test_the_workers_seconds_weighing_go_into_the_counters(tmp_path):
+    """The weighing's cost, counted where it runs (vLLM's worker: the seconds so far come with
+    each step's output) and kept in the sentinel's counters until the worker says more."""
+    import time
+
+    from kvdiag.engines.weights import Weigher
+
+    weigh = Weigher("test")
+    with weigh.timed():
+        time.sleep(0.02)
+    assert 0.02 <= weigh.seconds < 1
+    a = request("a", range(8))
+    sched = Scheduler(a)
+    path = tmp_path / "s.jsonl"
+    s = VllmSentinel(str(path))
+    _step(s, sched, output(new=[("a", [1, 2], 0, 8)]), {}, seconds=weigh.seconds)
+    s.log._last = 0.0  # the next counters line is due
+    _step(s, sched, output(finished=["a"]), {})  # an output that says nothing keeps the last
+    assert read_report(path).counters.weighing == weigh.seconds
 
 
 def test_sglang_weights_are_torch_sdpa_attention_of_each_requests_last_token():

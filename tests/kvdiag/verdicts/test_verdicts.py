@@ -309,6 +309,23 @@ def test_a_sentinel_finding_fails_a_probe_whose_answers_all_matched():
         assert part in judged.reason
 
 
+def test_a_sentinel_finding_says_which_phases_read_wrong_and_when_the_ground_truth_did():
+    """A fault that corrupts whoever allocates next (the free list holds a page twice) reaches
+    the isolated twins too: the FAIL names the phases that read wrong, and says the answers'
+    ground truth was served wrong K/V. A file read without the run's requests names none."""
+    bad = dict(kind="foreign", step=9, request="r", count=40, where="isolated session 2 round 3",
+               positions=[[0, 40]], context_len=90)
+    twins = judge_probe(evidence(sentinel=_sentinel(foreign=52, by_phase={"isolated": 40, "life": 12},
+                                                    isolated_bad=40, findings=[bad])))
+    assert twins.verdict is Verdict.FAIL
+    assert "read wrong by phase: isolated 40, life 12" in twins.reason
+    assert "40 of them read by requests sent isolated" in twins.reason
+    shared = judge_probe(evidence(sentinel=_sentinel(foreign=12, by_phase={"shared": 12}, findings=[bad])))
+    assert "shared 12" in shared.reason and "sent isolated" not in shared.reason
+    alone = judge_probe(evidence(sentinel=_sentinel(foreign=12, by_phase={"unnamed": 12}, findings=[bad])))
+    assert "by phase" not in alone.reason
+
+
 def test_a_sentinel_that_checked_nothing_is_no_evidence_and_a_pass_names_what_it_checked():
     blind = judge_probe(evidence(sentinel=_sentinel(steps=0, requests=0, reads=0, writes=0)))
     assert blind.verdict is Verdict.INCONCLUSIVE and "checked no KV read" in blind.reason
