@@ -29,6 +29,7 @@ from __future__ import annotations
 import sys
 from collections import deque
 
+from kvdiag.engines.sglang import attention  # torch-free at import: its hooks import SGLang
 from kvdiag.sentinel.facts import Scheduled, namespace_of
 from kvdiag.sentinel.leakage import Leakage
 from kvdiag.sentinel.ledger import Ledger
@@ -133,19 +134,15 @@ class SglangSentinel:
                 if self.leakage is not None:
                     self._weigh(items)
             if self.leakage is not None:
-                from kvdiag.engines.sglang.attention import WEIGH
-
-                self.ledger.counters.weighing = WEIGH.seconds  # in this process, so far
+                self.ledger.counters.weighing = attention.WEIGH.seconds  # in this process, so far
             self.log.counters(self.ledger.counters)
             return
 
     def _weigh(self, items) -> None:
         """Each token the step sampled, weighed by its attention (attention.py) over the
         positions the ledger found it read wrong."""
-        from kvdiag.engines.sglang.attention import take
-
         for req, *_, row, samples in items:
-            weights = take(*row)  # taken either way: a row and length may come again
+            weights = attention.take(*row)  # taken either way: a row and length may come again
             if samples:
                 self.leakage.token(req.rid, self.ledger.bad_now.get(req.rid), weights)
 

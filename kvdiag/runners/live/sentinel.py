@@ -68,10 +68,11 @@ def observe(source: str | Path, since: int = 0, store=None,
             writers=writers,
             writers_where=[_label(_where(w, names)) for w in writers],
             context=row.get("context", []), writer_context=row.get("writer_context", [])))
-        if row["kind"] != "overwrite":
-            phase = "unnamed" if key is None else key[0]
-            by_phase[phase] = by_phase.get(phase, 0) + row["count"]
-        if key is None or row["kind"] == "overwrite":
+        if row["kind"] == "overwrite":
+            continue
+        phase = "unnamed" if key is None else key[0]
+        by_phase[phase] = by_phase.get(phase, 0) + row["count"]
+        if key is None:
             continue
         counts = per_request.setdefault(key, {"foreign_slots": 0, "unwritten_slots": 0})
         counts[f"{row['kind']}_slots"] += row["count"]
