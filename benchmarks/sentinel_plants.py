@@ -11,6 +11,9 @@ first finding.
     python benchmarks/sentinel_plants.py --faults healthy --probe-args="--adapter canary-lora"
     python benchmarks/sentinel_plants.py --faults healthy --probe-args="--model build/mamba-hybrid
         --engine-arg=--prefix-match-unit=16"     # copy-on-write (kvdiag fixtures build-mamba-hybrid)
+    python benchmarks/sentinel_plants.py --engine llamacpp     # SmolLM2, natural style; healthy
+        # there is the stock tree with the sentinel patched in, and a fix (upstream-fixes) is
+        # probed as a fault is
 
 Each run takes minutes on 2 CPU cores (a server start and the whole probe). The last lines
 count, per fault, the runs the sentinel failed and the runs the answers alone would have.
@@ -38,13 +41,15 @@ def lifecycle_plants(engine: str) -> list[str]:
 def event_of(engine: str, fault: str | None) -> str | None:
     from kvdiag.engines.spec import engine_spec
 
-    return engine_spec(engine).catalog()[fault.split(":")[0]].event if fault else None  # NAME[:ARG]
+    found = engine_spec(engine).catalog().get(fault.split(":")[0]) if fault else None  # NAME[:ARG]
+    return found.event if found else None  # none: healthy, or a fix
 
 
-def one(engine: str, fault: str | None, out: Path, extra: list[str]) -> dict:
+def one(engine: str, fault: str | None, out: Path, extra: list[str], suite: str) -> dict:
     target = f"{engine}-local" + (f":{fault}" if fault else "")
+    on = ["--sentinel", "on"] if fault is None else []  # llama.cpp's stock target runs none unasked
     run = subprocess.run([sys.executable, "-m", "kvdiag", "probe", "--target", target, "--suite",
-                          "smoke", "--out", str(out), "--json", *extra], capture_output=True, text=True)
+                          suite, "--out", str(out), "--json", *on, *extra], capture_output=True, text=True)
     try:
         s = json.loads((out / "summary.json").read_text())
     except (OSError, json.JSONDecodeError):
@@ -85,6 +90,8 @@ def main() -> None:
     p.add_argument("--faults", default=None, help="comma-separated; 'healthy' for none "
                    "(default: the engine's lifecycle plants)")
     p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--suite", default=None, help="the probe's suite (default: smoke; natural for "
+                   "llamacpp, whose model is SmolLM2's GGUF)")
     p.add_argument("--leakage", action="store_true", help="weigh attention on the slots read "
                    "wrong too (KVDIAG_SENTINEL_ATTENTION=1: the rounds' leakage; it costs)")
     p.add_argument("--probe-args", default="", help="more `kvdiag probe` arguments, one string "
@@ -100,7 +107,8 @@ def main() -> None:
     for fault in faults:
         for k in range(args.runs):
             r = one(args.engine, None if fault == "healthy" else fault, root / f"{fault}-{k}",
-                    shlex.split(args.probe_args))
+                    shlex.split(args.probe_args),
+                    args.suite or ("natural" if args.engine == "llamacpp" else "smoke"))
             print(f"{fault:26s} run {k + 1}: {r['verdict']:12s} event {r.get('event', '-')}; sentinel bad reads "
                   f"{r.get('sentinel_bad', '-')} of {r.get('reads', '-')} checked; answers departed "
                   f"{r.get('answers', '-')}; leakage {r.get('leakage', '-')}; first: {r.get('first', r.get('why'))}",

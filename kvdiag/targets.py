@@ -39,6 +39,14 @@ class Target:
         return self.engine is not None
 
     @property
+    def sentinel_default(self) -> bool:
+        """Whether kvdiag's sentinel runs in the server kvdiag starts for this target unless
+        told otherwise: a local engine whose kvdiag plugin has one; on llama.cpp, where it is
+        a source patch, the builds kvdiag makes (a fault, a fix), not the stock build."""
+        e = self.engine
+        return e is not None and e.sentinel and (self.fault is not None or e.sentinel_stock)
+
+    @property
     def kind(self) -> str:
         """url, reference or its engine's `<engine>-local`, kept once that server runs and the
         target has its URL (a fleet places a local engine's cells by it)."""

@@ -117,7 +117,10 @@ def probe(
                                                  "plugin, docs/sentinel.md): every foreign or "
                                                  "unwritten KV read it saw during the run fails it. "
                                                  "On by default for vllm-local and sglang-local targets "
-                                                 "(in the run directory); 'off' turns it off. For a "
+                                                 "and llama.cpp's faults and fixes (in the run "
+                                                 "directory); 'on' turns it on for the stock "
+                                                 "llamacpp-local (a build of its own, the stock tree "
+                                                 "and the sentinel's patch), 'off' off. For a "
                                                  "server on another machine, the URL its plugin "
                                                  "serves the file at (KVDIAG_SENTINEL_ADDR).")] = None,
     engine_args: Annotated[list[str] | None, typer.Option(

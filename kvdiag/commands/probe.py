@@ -38,7 +38,7 @@ SENTINEL_FILE = "sentinel.jsonl"
 
 def sentinel_path(spec, given: str | None) -> Path | str | bool | None:
     """Where the run's sentinel writes: True for the run directory (a local engine with a
-    sentinel, by default), a checked path, the URL a remote server's sentinel serves its file
+    sentinel, by default, or `on`), a checked path, the URL a remote server's sentinel serves its file
     at, or None for none. KvdiagError (exit 2): a file kvdiag cannot write for a server it
     starts, or cannot read for one it does not; a URL that does not answer as a sentinel."""
     from kvdiag.sentinel.log import check_writable
@@ -46,9 +46,13 @@ def sentinel_path(spec, given: str | None) -> Path | str | bool | None:
 
     if given == "off":
         return None
-    local = spec.is_local and spec.engine.sentinel
     if given is None:
-        return True if local else None
+        return True if spec.sentinel_default else None
+    if given == "on":
+        if not (spec.is_local and spec.engine.sentinel):
+            raise KvdiagError(f"--sentinel on: {spec.spec} has no sentinel kvdiag can start (give "
+                              "the file or URL a server's sentinel writes)")
+        return True
     if is_url(given):
         if spec.is_local:
             raise KvdiagError(f"--sentinel {given}: a server kvdiag starts writes its sentinel to a "

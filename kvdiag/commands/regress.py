@@ -113,7 +113,7 @@ def serving(opts: Options, info: Callable[[str], None] = lambda _: None) -> Iter
     suite, (case,) = load_cases(opts.suite, opts.cases, one=True)
     suite = with_sessions(suite, opts.sessions, opts.sessions_format)
     logs = Path(tempfile.mkdtemp(prefix=f"kvdiag-{target.engine.name}-"))
-    watch = logs / "sentinel.jsonl" if target.engine.sentinel else None  # on by default
+    watch = logs / "sentinel.jsonl" if target.sentinel_default else None  # on by default
     with running(target, suite, case, opts.model, logs, info, sentinel=watch) as served:
         yield dataclasses.replace(opts, live_url=served.url, model=served.model, cases=case.name,
                                   model_label=served.model_label, sentinel=watch,

@@ -60,6 +60,9 @@ class EngineSpec:
     abort_api: bool = False  # it aborts a request by the rid its client gave (POST /abort_request)
     no_audit: str | None = None  # why `kvdiag detect` has no model-free audit of it; None: it has
     sentinel: bool = False  # its kvdiag plugin runs a sentinel (KVDIAG_SENTINEL, kvdiag.sentinel)
+    # the stock target runs it by default too (llama.cpp's is a source patch: only the builds
+    # kvdiag patches carry it, and the stock build as shipped runs without one unless asked)
+    sentinel_stock: bool = True
     protocol_object: str = "kvdiag.engines.protocol:OPENAI"  # what it speaks beyond OpenAI's API
     adapter: str = "canary-lora"  # the LoRA adapter its local target serves (kvdiag.engines.local)
 
@@ -111,6 +114,7 @@ ENGINES = MappingProxyType({s.name: s for s in (
                CacheCounters("llamacpp:prompt_tokens_queried_total",
                              "llamacpp:prompt_tokens_cached_total",
                              waiting=("llamacpp:requests_deferred",)),
+               sentinel=True, sentinel_stock=False,
                protocol_object="kvdiag.engines.llamacpp.protocol:LLAMACPP", adapter="kvdiag-lora",
                no_audit="kvdiag replays vLLM's allocator only; llama.cpp's slots are probed live"),
 )})

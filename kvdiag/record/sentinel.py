@@ -53,6 +53,8 @@ class SentinelBlock(BaseModel):
                               "kind); empty where the engine has one table per request")
     zeroed: int = Field(0, description="blocks the workers zeroed before a step")
     copies: int = Field(0, description="copy-on-write block copies it applied")
+    shifted: int = Field(0, description="reads of KV cells llama.cpp's --cache-reuse moved, counted and "
+                         "not judged: their K/V were computed after other tokens, by design")
     attention: bool = Field(False, description="whether it weighed the attention each sampled "
                             "token paid to slots read wrong, every one (the rounds' attention_leakage)")
     leaked: int = Field(0, description="requests whose sampled tokens paid attention to slots "

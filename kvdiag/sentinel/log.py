@@ -2,7 +2,9 @@
 server found is still there. Four kinds of line:
 
     {"type": "start", "engine", "version", "block_size", "pid", "time"}   once per server start
-                                   ("attention": true where sampled tokens' attention is weighed)
+                                   ("attention": true where sampled tokens' attention is weighed;
+                                   "trusts": what the engine's sentinel takes on trust, where it
+                                   says so itself: llama.cpp's)
     {"type": "finding", "kind", "step", "request", "positions", ...}    facts.Finding
     {"type": "leakage", "request", "tokens", "mass", "unmeasured"}      a request that
                                    attended to slots read wrong (leakage.py): its totals so far,

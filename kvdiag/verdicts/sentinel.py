@@ -65,6 +65,8 @@ def sentinel_covered(block) -> str:
         return ""
     unchecked = f", {block.unchecked} request-steps unchecked" if block.unchecked else ""
     unchecked += f", {block.copies} copy-on-write copies followed" if block.copies else ""
+    unchecked += (f", {block.shifted} reads of cells a chunk reuse moved not judged (their K/V were "
+                  "computed after other tokens, by design)" if block.shifted else "")
     groups = f" in {len(block.groups)} KV cache groups ({', '.join(block.groups)})" \
         if len(block.groups) > 1 else ""
     return (f"; sentinel: {block.steps} steps, {block.requests} requests, {block.reads} KV slot "

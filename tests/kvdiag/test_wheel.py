@@ -69,6 +69,9 @@ def test_wheel_carries_the_bundled_suites_canary_and_patches_byte_for_byte(dists
             for path in files:
                 shipped = hashlib.sha256(wheel.read(f"{inside}/{path.name}")).hexdigest()
                 assert shipped == hashlib.sha256(path.read_bytes()).hexdigest(), path
+        sentinel = ROOT / "kvdiag/engines/llamacpp/sentinel.patch"  # every build's first patch
+        shipped = wheel.read("kvdiag/engines/llamacpp/sentinel.patch")
+        assert hashlib.sha256(shipped).digest() == hashlib.sha256(sentinel.read_bytes()).digest()
 
 
 def test_installed_commands_work_from_another_directory(venv: Path, tmp_path: Path) -> None:

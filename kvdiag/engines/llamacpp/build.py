@@ -1,6 +1,8 @@
 """llama-server binaries: the stock build `make llamacpp-env` makes, and one per planted fault
 or upstream fix, each a patch (patches/NAME.patch for a fault, fixes/NAME.patch for a fix)
-applied to a copy of the sdist's tree and rebuilt incrementally into a binary of its own:
+applied to a copy of the sdist's tree and rebuilt incrementally into a binary of its own.
+Every binary kvdiag builds carries kvdiag's sentinel (sentinel.patch, applied first: inert
+unless KVDIAG_SENTINEL names a file); `sentinel` is the stock tree with the sentinel alone:
 
     .llamacpp/src/llama.cpp     the sdist's tree, never patched
     .llamacpp/build/bin/        the stock llama-server
@@ -17,6 +19,7 @@ applied to a copy of the sdist's tree and rebuilt incrementally into a binary of
     server = stock_server()                  # KvdiagError naming `make llamacpp-env`
     installed()                              # the stock server, else the tree (a fault's)
     server = fault_server("prefix-overrun")  # built now if missing or stale
+    server = fault_server(SENTINEL)          # the stock tree, the sentinel patched in
 
 $KVDIAG_LLAMACPP_DIR moves the folder (default .llamacpp in the working directory or the
 checkout); $KVDIAG_LLAMACPP_SERVER names a stock llama-server built elsewhere.
@@ -36,26 +39,35 @@ from kvdiag.errors import KvdiagError
 
 PATCHES = Path(__file__).parent / "patches"
 FIX_PATCHES = Path(__file__).parent / "fixes"
+SENTINEL = "sentinel"  # the build of the stock tree with kvdiag's sentinel alone patched in
+SENTINEL_PATCH = Path(__file__).parent / "sentinel.patch"
 CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
                "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF")
 # the build's name as /props (build_info) and every log's header say it: llama.cpp takes it
 # from the enclosing git checkout otherwise, which here is kvdiag's
 BUILD_NUMBER = "11434"
 # how a patched binary is built, in every stamp: raised when a change to it makes the binaries
-# built before untrustworthy (2: restored files stamped now, see _restore)
-RULES = "rules-2"
+# built before untrustworthy (2: restored files stamped now, see _restore; 3: the sentinel's
+# patch first in every chain, files a patch adds removed on restore)
+RULES = "rules-3"
 
 
 def build_name(fault: str | None) -> str:
     """What a binary's build_info says: b11434-sdist (stock), b11434-fault-NAME (planted),
-    b11434-fix-NAME (an upstream fix applied)."""
-    return f"b{BUILD_NUMBER}-" + (f"{_kind(fault)}-{fault}" if fault else "sdist")
+    b11434-fix-NAME (an upstream fix applied), b11434-sentinel (the stock tree and the sentinel)."""
+    return f"b{BUILD_NUMBER}-" + (_commit(fault) if fault else "sdist")
+
+
+def _commit(fault: str) -> str:
+    """The name a patched build passes llama.cpp's cmake as its commit (fault-NAME, fix-NAME,
+    sentinel)."""
+    return fault if fault == SENTINEL else f"{_kind(fault)}-{fault}"
 
 
 def _kind(name: str) -> str:
     from kvdiag.engines.llamacpp.faults import FIXES
 
-    return "fix" if name in FIXES else "fault"
+    return "fix" if name in FIXES else SENTINEL if name == SENTINEL else "fault"
 
 
 def root() -> Path:
@@ -96,25 +108,31 @@ def installed() -> Path:
 
 
 def patch_file(fault: str) -> Path:
+    if fault == SENTINEL:
+        return SENTINEL_PATCH
     return (FIX_PATCHES if _kind(fault) == "fix" else PATCHES) / f"{fault}.patch"
 
 
 def patch_chain(fault: str) -> list[Path]:
-    """The patches a build applies, in order: a fix or fault written on fixes has theirs first."""
+    """The patches a build applies, in order: the sentinel's, then the fixes a fix or fault is
+    written on, then its own."""
     from kvdiag.engines.llamacpp.faults import FAULTS, FIXES
 
+    if fault == SENTINEL:
+        return [SENTINEL_PATCH]
     found = FIXES.get(fault) or FAULTS.get(fault)
-    return [patch_file(name) for name in (found.after if found else ())] + [patch_file(fault)]
+    return [SENTINEL_PATCH, *(patch_file(name) for name in (found.after if found else ())),
+            patch_file(fault)]
 
 
 def patched_files(patch: Path) -> list[str]:
-    """The tree-relative paths a patch changes (its +++ lines, b/ stripped)."""
+    """The tree-relative paths a patch changes or adds (its +++ lines, b/ stripped)."""
     return [m.group(1) for m in re.finditer(r"^\+\+\+ b/(\S+)", patch.read_text(), re.M)]
 
 
 def every_patched_file() -> list[str]:
-    """Every tree path some fault's or fix's patch changes."""
-    patches = [*PATCHES.glob("*.patch"), *FIX_PATCHES.glob("*.patch")]
+    """Every tree path some fault's, fix's or the sentinel's patch changes or adds."""
+    patches = [*PATCHES.glob("*.patch"), *FIX_PATCHES.glob("*.patch"), SENTINEL_PATCH]
     return sorted({f for p in patches for f in patched_files(p)})
 
 
@@ -142,7 +160,7 @@ def fault_server(fault: str, log=lambda m: print(m, file=sys.stderr)) -> Path:
     if not rules.is_file() or rules.read_text().strip() != RULES:
         # a build tree made under other rules may hold any patch's objects: every file a
         # patch touches is put back (stamped now), so each is compiled again from stock
-        _restore(stock, tree, [f for f in every_patched_file() if (stock / f).is_file()])
+        _restore(stock, tree, every_patched_file())
     _restore(stock, tree, files)
     for patch in chain:
         run = subprocess.run(["patch", "-p1", "--forward", "--batch", "-i", str(patch.resolve())],
@@ -158,7 +176,7 @@ def fault_server(fault: str, log=lambda m: print(m, file=sys.stderr)) -> Path:
             log(f"configuring {build} (once; the first build takes about 10 min on 2 cores) ...")
         # configured again for each fault: its name goes into the binary's build_info
         _run(["cmake", "-S", str(tree), "-B", str(build), *CMAKE_FLAGS,
-              f"-DLLAMA_BUILD_NUMBER={BUILD_NUMBER}", f"-DLLAMA_BUILD_COMMIT={_kind(fault)}-{fault}"], fault)
+              f"-DLLAMA_BUILD_NUMBER={BUILD_NUMBER}", f"-DLLAMA_BUILD_COMMIT={_commit(fault)}"], fault)
         log(f"building llama-server with {_kind(fault)} {fault} ({', '.join(files)}) ...")
         _run(["cmake", "--build", str(build), "--target", "llama-server", "-j", str(os.cpu_count() or 2)],
              fault)
@@ -186,8 +204,12 @@ def library_path(server: Path) -> dict[str, str]:
 def _restore(stock: Path, tree: Path, files: list[str]) -> None:
     """Put the stock files back, stamped now: the incremental build compares times, and a
     file put back with the stock tree's older time (copy2) left the last patch's object in
-    every later binary (the first upstream-fixes build ran state-tail-dropped's serializer)."""
+    every later binary (the first upstream-fixes build ran state-tail-dropped's serializer).
+    A file a patch added (none in the stock tree) is removed."""
     for f in files:
+        if not (stock / f).is_file():
+            (tree / f).unlink(missing_ok=True)
+            continue
         shutil.copyfile(stock / f, tree / f)
         os.utime(tree / f)
 

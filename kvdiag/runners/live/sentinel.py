@@ -94,9 +94,11 @@ def observe(source: str | Path, since: int = 0, store=None,
         starts=len(report.starts), steps=c.steps, requests=c.requests, reads=c.reads,
         writes=c.writes, unchecked=c.unchecked, foreign=c.foreign, unwritten=c.unwritten,
         overwrite=c.overwrite, groups=group_names(head.get("groups")), zeroed=c.zeroed, copies=c.copies,
+        shifted=c.shifted,
         findings=findings[:SHOWN], findings_total=len(findings), attention=weighed,
         by_phase=dict(sorted(by_phase.items(), key=lambda kv: -kv[1])),
         isolated_bad=sum(n for phase, n in by_phase.items() if P.isolated(phase)),
+        **({"trusts": head["trusts"]} if head.get("trusts") else {}),  # the engine's own account
         leaked=len(report.leakage), leakage_unweighed=unweighed, leakage_largest=max(
             (leak for row in report.leakage.values() if (leak := _leak(row)) == leak), default=None),
         rounds=[SentinelRound(round=r, requests=len(v["requests"]), bad_reads=v["bad"],

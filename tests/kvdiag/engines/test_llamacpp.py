@@ -56,15 +56,17 @@ def test_every_fix_is_one_patch_of_its_own_folder_and_builds_under_its_own_name(
 
 @pytest.mark.skipif(not (build.root() / "src" / "llama.cpp" / "CMakeLists.txt").is_file(),
                     reason="no llama.cpp tree: make llamacpp-env")
-@pytest.mark.parametrize("name", [*FAULTS, *FIXES])
+@pytest.mark.parametrize("name", [*FAULTS, *FIXES, build.SENTINEL])
 def test_every_patch_applies_to_the_sdists_tree(name, tmp_path):
-    """Each in the order its build applies them: a fix written on other fixes after theirs."""
+    """Each in the order its build applies them: the sentinel's first (every binary kvdiag
+    builds carries it), a fix written on other fixes after theirs."""
     tree = build.root() / "src" / "llama.cpp"
     chain = build.patch_chain(name)
-    assert chain[-1] == build.patch_file(name)
+    assert chain[0] == build.SENTINEL_PATCH and chain[-1] == build.patch_file(name)
     for f in {f for p in chain for f in build.patched_files(p)}:
-        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(tree / f, tmp_path / f)
+        if (tree / f).is_file():  # else a file the patch adds
+            (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(tree / f, tmp_path / f)
     for patch in chain:
         run = subprocess.run(["patch", "-p1", "--batch", "-i", str(patch)], cwd=tmp_path,
                              capture_output=True, text=True)
@@ -107,9 +109,11 @@ def test_a_file_put_back_after_a_patch_is_newer_than_what_the_patch_built(tmp_pa
     built = tmp_path / "kv.cpp.o"
     built.write_text("object of the patched file\n")
     os.utime(built, (time.time() - 5, time.time() - 5))
-    build._restore(stock, tree, ["src/kv.cpp"])
+    (tree / "src" / "added.h").write_text("a file a patch added\n")
+    build._restore(stock, tree, ["src/kv.cpp", "src/added.h"])
     assert (tree / "src" / "kv.cpp").read_text() == "stock\n"
     assert (tree / "src" / "kv.cpp").stat().st_mtime > built.stat().st_mtime
+    assert not (tree / "src" / "added.h").exists()  # the stock tree has none
 
 
 def test_the_tree_alone_is_enough_for_a_planted_fault_and_not_for_the_stock_target(tmp_path, monkeypatch):
