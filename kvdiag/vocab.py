@@ -33,13 +33,16 @@ EVENTS = {
     "slot-erase": "a slot erased between a conversation's rounds, then the conversation continued",
     "n-children": "a request for n > 1 completions, whose children continue from its cells copied "
                   "into other slots, which held shorter prompts before",
+    "chunk-reuse": "a conversation asked with a span pasted in, then as it was: its tail comes back "
+                   "as a chunk shifted over the span (llama.cpp's --cache-reuse)",
 }
 _SLOTS_ONLY = ("ram-cache", "slot-restore", "slot-erase", "n-children")
+CHUNK_REUSE = "chunk-reuse"  # a slot row of its own, only where the server reuses chunks
 CANCELS = ("cancel-prefill", "cancel-decode")  # driven on both kinds of engine
 SLOT_EVENTS = _SLOTS_ONLY + CANCELS  # an engine of slots' rows, recycle beside them
-BLOCK_EVENTS = tuple(e for e in EVENTS if e not in _SLOTS_ONLY)  # a paged engine's rows
+BLOCK_EVENTS = tuple(e for e in EVENTS if e not in (*_SLOTS_ONLY, CHUNK_REUSE))  # a paged engine's rows
 # BRAI above this is an alert (verify --expect-guard, regress, the report, Prometheus rules)
 BRAI_MAX = 0.05
 
-__all__ = ["BLOCK_EVENTS", "BRAI_MAX", "CANCELS", "CLEAN_ALLOCATORS", "CONTIGUOUS", "EVENTS", "GUARD_LOG_LINE",
+__all__ = ["BLOCK_EVENTS", "BRAI_MAX", "CANCELS", "CHUNK_REUSE", "CLEAN_ALLOCATORS", "CONTIGUOUS", "EVENTS", "GUARD_LOG_LINE",
            "PAGED_ATTENTION_LINE", "SLOT_EVENTS", "STYLES", "VLLM"]

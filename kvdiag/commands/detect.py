@@ -105,6 +105,7 @@ def live_row(engine: EngineSpec, name: str, fault: Fault | None, suite: str, cas
     from kvdiag.commands.probe_args import ProbeArgs
     from kvdiag.runners.live.isolation_plan import IsolationPlan
     from kvdiag.runners.live.phases import ProbeSettings
+    from kvdiag.runners.live.slotlife import REUSE_CHUNK
 
     if (why := unreachable(fault, "live")) is not None:
         return why
@@ -127,6 +128,8 @@ def live_row(engine: EngineSpec, name: str, fault: Fault | None, suite: str, cas
                 model = str(out / "mamba-hybrid")
                 build_mamba_hybrid(Path(model))
                 engine_args = ("--prefix-match-unit=16",)
+            elif mode == "probe-reuse":  # llama.cpp's chunk reuse, and the slot phase's reuse group
+                engine_args = (f"--cache-reuse={REUSE_CHUNK}",)
             result = probe(ProbeArgs(suite=suite, case=case, target=target, settings=settings,
                                      model=model, engine_args=engine_args,
                                      out_dir=out / f"{name}-live"), info=info)

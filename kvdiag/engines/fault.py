@@ -20,6 +20,8 @@ a run that catches it gives:
                                                                             truth is unsound
     probe-mamba         the probe of the Mamba hybrid with --prefix-match-  fail
                         unit 16 (hits inside a block: copy-on-write)
+    probe-reuse         the probe of a server started with --cache-reuse    fail
+                        256 (llama.cpp's chunk reuse)
     isolation           the tenant-isolation audit                          fail: leaks
     isolation-adapter   the isolation audit with --adapter canary-lora      fail: leaks
 """
@@ -35,7 +37,8 @@ CORRUPTS_OUTPUT = "corrupts output"
 BREAKS_ISOLATION = "breaks isolation"
 BREAKS_GROUND_TRUTH = "breaks ground truth"
 EFFECTS = (CORRUPTS_OUTPUT, BREAKS_ISOLATION, BREAKS_GROUND_TRUTH)
-LIVE = ("probe", "probe-adapter", "probe-reset", "probe-mamba", "isolation", "isolation-adapter")
+LIVE = ("probe", "probe-adapter", "probe-reset", "probe-mamba", "probe-reuse", "isolation",
+        "isolation-adapter")
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,12 @@ build. Read from the source: before every prompt the server truncates the slot's
 to its cached prefix again (server-context.cpp, "memory_seq_rm [n_past, end)"), which
 removes those cells, so the plant cannot act (docs/llamacpp.md).
 
-Another built and not kept: `--cache-reuse`'s shift over cells never removed (#12160). The
-stock build's chunk reuse itself departs from a twin computed from scratch (a shifted chunk's
-K/V were computed after a span the new prompt lacks: 1 of 6 answers decisively), so answers
-cannot tell the plant at that event (docs/llamacpp.md).
+`reuse-keeps-span` (`--cache-reuse`'s shift over cells never removed, #12160) was first built
+and dropped: the stock build's chunk reuse itself departs from a twin computed from scratch
+(a shifted chunk's K/V were computed after a span the new prompt lacks), so answers cannot
+tell it. kvdiag's sentinel inside the server can (the cells a chunk reuse moves are told to
+it and not judged, every other cell read still is), and it is kept, judged by the sentinel
+(docs/llamacpp.md).
 """
 
 from __future__ import annotations
@@ -87,6 +89,18 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
         (CORRUPTS_OUTPUT,),
         "a request for n > 1 completions whose children take slots that held other prompts",
         event="n-children",
+    ),
+    Fault(
+        "reuse-keeps-span", "a chunk reuse leaves the span it skips (lifecycle)",
+        "with --cache-reuse, a chunk of the slot's cells shifted back to where the new prompt "
+        "has it is moved over the cells between its old and new place without removing them: "
+        "the prompt reads the skipped span's cells beside the chunk's at the same positions",
+        "tools/server/server-context.cpp: the n_cache_reuse loop's seq_rm before seq_add",
+        ("llama.cpp #12160 (--cache-reuse's shifted chunks and the cells left around them)",),
+        (CORRUPTS_OUTPUT,),
+        "a slot holding a prompt with a span pasted in, then asked for the prompt without it, "
+        "on a server started with --cache-reuse N",
+        live="probe-reuse", event="chunk-reuse",
     ),
     Fault(
         "adapter-switch-keeps", "an adapter switch keeps the slot (key coverage: the adapter)",

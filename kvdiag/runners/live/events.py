@@ -11,7 +11,7 @@ from kvdiag.record.evidence import Recycling
 from kvdiag.runners.live.identity import every_server
 from kvdiag.runners.live.lifeplan import LIFE, LifePlan
 from kvdiag.runners.live.phases import SHARED, TWIN
-from kvdiag.runners.live.slotlife import coverage_rows
+from kvdiag.runners.live.slotrows import coverage_rows
 from kvdiag.vocab import EVENTS
 
 PREEMPTIONS, ABORTS = every_server("preemptions"), every_server("aborts")

@@ -202,8 +202,8 @@ async def lifecycle_isolated(endpoint: Endpoint, life: LifePlan, store: RoundSto
         store.add(LIFE_ISOLATED, q.j, 0, res, group=q.group)
         tick()
 
-    await asyncio.gather(*(one(q) for q in life.requests
-                           if (LIFE, q.j, 0) in store.done and (LIFE_ISOLATED, q.j, 0) not in store.done))
+    await asyncio.gather(*(one(q) for q in life.requests if q.twinned
+                           and (LIFE, q.j, 0) in store.done and (LIFE_ISOLATED, q.j, 0) not in store.done))
 
 
 def server_limits(endpoint: Endpoint, chunk: int | None = None) -> tuple[int | None, int | None]:

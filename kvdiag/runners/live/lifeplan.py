@@ -31,6 +31,9 @@ class LifeRequest:
     salt: str
     ignore_eos: bool = False
     of: int | None = None  # a follower's or revisit's earlier request (revisits go newest first)
+    # False where no answer computed from scratch is its ground truth (llama.cpp's chunk reuse
+    # is approximate by design): no isolated twin; the sentinel judges what it read
+    twinned: bool = True
 
 
 @dataclass(frozen=True)

@@ -29,12 +29,18 @@ checked against its isolated twin (`cache_prompt: false`) with the isolated phas
     prefill,  client gone before its first token (prefill) or       the same prompt reads the
     decode    after CUT tokens (decode); then the same prompt on    cells a cancelled task left
               slot 0 again                                          in its slot
+    reuse     where the server reuses chunks (--cache-reuse N):     chunk-reuse: the tail comes
+              on slot 0, a conversation with a span of another      back shifted over the span,
+              pasted after its first quarter, then without it       its K/V computed after it:
+              (REUSES conversations, each made new by a lead-in)    approximate by design, so
+                                                                    no isolated twin; the
+                                                                    sentinel judges the reads
 
 Every prompt is one of the suite's own, so its answer is read from its conversation (a window
 cut anywhere is answered from its last few tokens, and a flat next-token distribution would
 class any change as numerics).
 Pure planning (plan_slots) and the sending (slots_phase); what each row of the coverage
-table says is coverage_rows'. The requests are LifeRequests, stored as (LIFE, j, 0) like the
+table says is slotrows.py's. The requests are LifeRequests, stored as (LIFE, j, 0) like the
 paged engines' lifecycle phase, so the twins, the judge and the tables treat them alike.
 """
 
@@ -53,18 +59,22 @@ PARENTS = 3  # requests for n completions the children group sends (a last quest
 # near-tie at its first tokens, where a child's change is numerics: more parents, more chances)
 PINNED = 0  # the slot the restore, erase and cancel groups pin their requests to
 CUT = 4  # cancel-decode: tokens read before the client goes (of up to 4 x ANSWER)
+REUSES = 3  # conversations the reuse group pastes a span into, then sends as they were
+REUSE_CHUNK = 256  # the --cache-reuse N a run that drives chunk reuse starts llama.cpp with
+LEAD = 8  # tokens of another conversation that make each reuse request one never sent before
 
 
-def plan_slots(sessions: list[list[list[int]]], slots: int | None) -> LifePlan:
+def plan_slots(sessions: list[list[list[int]]], slots: int | None, reuse_chunk: int = 0) -> LifePlan:
     """The phase's requests for a server of `slots` slots (its /props total_slots; None: not
     reported), from the suite's own conversations (`sessions`: each one's prompts as token
     ids, round by round, each the last one extended): prompts whose answers the model reads
-    from the conversation, so wrong cells under them show in the answer. Pure: a resumed
-    probe plans the same."""
+    from the conversation, so wrong cells under them show in the answer. `reuse_chunk`: the
+    server's --cache-reuse N (0: it reuses no chunks, and the reuse group is not sent).
+    Pure: a resumed probe plans the same."""
     requests: list[LifeRequest] = []
 
-    def add(group: str, ids: list[int], salt: str, of: int | None = None) -> int:
-        requests.append(LifeRequest(len(requests), group, tuple(ids), ANSWER, salt, of=of))
+    def add(group: str, ids: list[int], salt: str, of: int | None = None, twinned: bool = True) -> int:
+        requests.append(LifeRequest(len(requests), group, tuple(ids), ANSWER, salt, of=of, twinned=twinned))
         return len(requests) - 1
 
     skipped = {}
@@ -111,8 +121,33 @@ def plan_slots(sessions: list[list[list[int]]], slots: int | None) -> LifePlan:
     for k, event in enumerate(CANCELS):  # conversations other than A and B where there are
         if sessions:
             add(event, sessions[(2 + k) % len(sessions)][-1], f"cancel-{k}")
+    if reuse_chunk > 0:
+        _plan_reuse(sessions, reuse_chunk, add, skipped)
     return LifePlan(tuple(requests), skipped, {"slots": slots, "pinned_slot": PINNED,
-                                                "rounds": rounds}, kind="slots")
+                                                "rounds": rounds, "reuse_chunk": reuse_chunk}, kind="slots")
+
+
+def _plan_reuse(sessions: list[list[list[int]]], chunk: int, add, skipped: dict) -> None:
+    """The reuse group: for a conversation's last prompt X, its first quarter H, then a short
+    lead-in L of another conversation (so that neither request was ever sent: an earlier
+    round's X in the RAM prompt cache would be restored instead), then a span S as long as H,
+    then the rest T: H + L + S + T, then H + L + T. T sits in the slot after S, a chunk at
+    least `chunk` long, which llama.cpp shifts back over S. The second request has no twin:
+    its chunk's K/V were computed after S, approximate by design."""
+    sent = 0
+    for c, talk in enumerate(sessions[:REUSES] if len(sessions) >= 2 else []):
+        x, other = talk[-1], sessions[(c + 1) % len(sessions)][-1]
+        q = len(x) // 4
+        mid = len(other) // 2
+        lead, span = other[mid - LEAD:mid], other[mid:mid + q]
+        if len(x) - q < chunk or len(span) < q or mid < LEAD:
+            continue
+        pasted = add("reuse", [*x[:q], *lead, *span, *x[q:]], f"reuse-{c}-pasted")
+        add("reuse", [*x[:q], *lead, *x[q:]], f"reuse-{c}", of=pasted, twinned=False)
+        sent += 1
+    if not sent:
+        skipped["reuse"] = (f"no conversation's last three quarters are {chunk} tokens or more "
+                            "(--cache-reuse N reuses no shorter chunk)")
 
 
 async def slots_phase(endpoint, life: LifePlan, store, tick: Callable[[], None],
@@ -161,6 +196,8 @@ async def slots_phase(endpoint, life: LifePlan, store, tick: Callable[[], None],
         # pinned to the slot after it, waits for the slot and reads what the task left there
         await cancel_request(endpoint, q, observed, CUT, max_tokens=4 * ANSWER, id_slot=PINNED)
         await one(q, PINNED)
+    for q in life.group("reuse"):  # each pasted prompt, then the same without its span
+        await one(q, PINNED)
 
 
 def children_sets(life: LifePlan) -> list[tuple[list[LifeRequest], list[LifeRequest]]]:
@@ -189,98 +226,3 @@ async def _restore_and_erase(life: LifePlan, store, one, act) -> None:
     if await act("erase"):
         for q in life.group("erase"):
             await one(q, PINNED)
-
-
-def coverage_rows(by_group: dict[str, list[dict]], life: LifePlan, observed: dict, row) -> list[dict]:
-    """The slot events' rows of the coverage table (`row`: events.py's row maker)."""
-    if "restore" in life.skipped:
-        why = f"not driven: {life.skipped['restore']}"
-        return [_ram_cache(by_group, life, row), row("slot-restore", False, why, 0),
-                row("slot-erase", False, why, 0), _children(by_group, life, observed, row)]
-    return [_ram_cache(by_group, life, row), _restore(by_group, observed, row),
-            _erase(by_group, observed, row), _children(by_group, life, observed, row)]
-
-
-def _ram_cache(by_group: dict, life: LifePlan, row) -> dict:
-    """Reached where a returning request reported more cached tokens than it shares with
-    any request sent since its own last round: those took every slot (one at a time, each
-    to the least recently used slot, which llama-server picks for a prompt that matches no
-    slot), so its hit came back from the RAM prompt cache. The pinned round is told apart:
-    a request pinned to a slot goes another way through slot selection."""
-    if "rotate" in life.skipped:
-        return row("ram-cache", False, f"not driven: {life.skipped['rotate']}", 0)
-    slots = life.sizing.get("slots")
-    rows = by_group.get("rotate", []) + by_group.get("pinned", [])
-    restored = {"rotate": [], "pinned": []}
-    returning = {"rotate": 0, "pinned": 0}
-    sent = [life.requests[r["session"]] for r in sorted(rows, key=lambda r: r["index"])]
-    for r in rows:
-        q = life.requests[r["session"]]
-        if q.of is None:
-            continue
-        between = sent[sent.index(life.requests[q.of]) + 1:sent.index(q)]
-        returning[q.group] += 1
-        if (r.get("cached_tokens") or 0) > max((_common(p.ids, q.ids) for p in between), default=0):
-            restored[q.group].append(r["cached_tokens"])
-    hit, pinned = restored["rotate"], restored["pinned"]
-    return row("ram-cache", bool(hit), f"{slots + 1} conversations through {slots} slots, one request "
-               f"at a time: {len(hit)} of {returning['rotate']} returning requests reported more cached "
-               f"tokens than they share with the {slots} requests sent since their last round (most "
-               f"{max(hit, default=0)}): restored from the RAM prompt cache; pinned to a slot (id_slot), "
-               f"{len(pinned)} of {returning['pinned']} did", len(rows),
-               {"restored": len(hit), "restored_pinned": len(pinned)})
-
-
-def _common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
-
-
-def _restore(by_group: dict, observed: dict, row) -> dict:
-    actions = observed.get("slot_actions", [])
-    refused = next((a for a in actions if not a.get("ok")), None)
-    rows = by_group.get("restore", [])
-    restores = [a for a in actions if a["action"] == "restore" and a.get("ok")]
-    if refused and refused["action"] == "save":
-        return row("slot-restore", False, f"not driven: the server refused to save slot {PINNED} "
-                   f"({refused.get('error', 'no answer')}); llama-server saves slots only when "
-                   "started with --slot-save-path", len(rows))
-    after = [r.get("cached_tokens") for r in rows[2:]]
-    return row("slot-restore", len(restores) == 2 and len(rows) == 4,
-               f"slot {PINNED} saved with conversation A, given to B, A's file restored "
-               f"{len(restores)} times ({', '.join(str(a.get('n_restored')) for a in restores) or 'none'} "
-               f"tokens); B then A asked again after a restore, reporting {after} cached tokens",
-               len(rows), {"restores": len(restores),
-                           "restored_tokens": max((a.get("n_restored") or 0 for a in restores), default=0)})
-
-
-def _erase(by_group: dict, observed: dict, row) -> dict:
-    erased = [a for a in observed.get("slot_actions", []) if a["action"] == "erase"]
-    rows = by_group.get("erase", [])
-    if not erased:
-        return row("slot-erase", False, "not driven: the slot was never saved and restored", 0)
-    ok = erased[0].get("ok") and bool(rows)
-    return row("slot-erase", ok, f"slot {PINNED} erased ({erased[0].get('n_erased', erased[0].get('error'))}"
-               f"), then A asked again: {[r.get('cached_tokens') for r in rows]} cached tokens", len(rows))
-
-
-def _children(by_group: dict, life: LifePlan, observed: dict, row) -> dict:
-    """Reached where a parent's request for n completions answered n: its n - 1 children ran
-    in the other slots (llama-server takes such a request only with n slots free), which held
-    shorter prompts of other conversations just before."""
-    if "children" in life.skipped:
-        return row("n-children", False, f"not driven: {life.skipped['children']}", 0)
-    sets = children_sets(life)
-    rows = by_group.get("children", [])
-    answered = observed.get("children_answered") or []
-    if not sets or not answered:
-        return row("n-children", False, "not driven: no request for n completions was sent", len(rows))
-    n = len(sets[0][1])
-    full = [a for a in answered if a == n > 1]
-    return row("n-children", bool(full),
-               f"{len(answered)} requests for {n} completions on slot {PINNED}, each after the other slots "
-               f"were given prompts of other conversations ending before it: {len(full)} answered all {n}, "
-               f"{sum(a - 1 for a in full)} answers by children continuing from its cells copied into "
-               "those slots", len(rows), {"children": sum(a - 1 for a in full)})

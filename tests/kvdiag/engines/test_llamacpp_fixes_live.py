@@ -5,7 +5,10 @@ recompile of the files each patch chain touches), probed in natural style on Smo
 - the fixes (`adapter-keyed`: the upstream fixes and kvdiag's adapter fix) pass the LoRA row
   with every event reached, their pinned requests restored from the RAM cache;
 - `adapter-switch-keeps`, planted into that fixed build, fails by the adapter pair's
-  over-hit.
+  over-hit, and by kvdiag's sentinel (every binary kvdiag builds carries it), which reads
+  nothing wrong in the fixed build's LoRA row;
+- the stock tree with the sentinel alone (`--sentinel on`) reads nothing wrong with every
+  event reached, chunk reuse included.
 
 The stock build's LoRA row (a FAIL) is in test_llamacpp_live.py. Skipped without the tree or
 the package; a CI rotation slot of its own (make test-llamacpp-live-fixes)."""
@@ -16,6 +19,7 @@ import json
 
 import pytest
 
+from kvdiag.runners.live.slotlife import REUSE_CHUNK
 from tests.kvdiag.engines.llamacpp_live import PLANT_MARKS, gguf_or_skip, probe
 
 pytestmark = PLANT_MARKS
@@ -45,6 +49,8 @@ def test_the_fixes_pass_the_lora_row_and_their_pinned_requests_hit_the_ram_cache
     account = {a["group"]: a for a in summary["key_coverage"]["oracle"]["accounting"]}
     assert account["lifecycle erase"]["none"] == account["lifecycle pinned"]["none"] == 0, account
     assert "b11434-fix-adapter-keyed@llamacpp-local:adapter-keyed" in summary["signature"]
+    sentinel = summary["sentinel"]  # each adapter's cells held against its own requests
+    assert sentinel["reads"] > 0 and sentinel["foreign"] == sentinel["unwritten"] == 0, sentinel
 
 
 
@@ -57,4 +63,21 @@ def test_an_adapter_switch_that_keeps_the_slot_fails_by_the_adapter_pairs_over_h
     print("LLAMACPP-ADAPTER-PLANT", pairs["adapter"], summary["corrupted_requests"])
     assert summary["verdict"] == "fail" and pairs["adapter"]["cached"] > pairs["adapter"]["bound"] == 0
     assert pairs["base after adapter"]["cached"] == 0  # the fix under the plant still holds
+    assert summary["sentinel"]["foreign"] > 0  # the base model's cells read under the adapter
     assert "b11434-fault-adapter-switch-keeps@llamacpp-local:adapter-switch-keeps" in summary["signature"]
+
+
+def test_the_stock_tree_with_the_sentinel_reads_nothing_wrong(gguf, tmp_path):
+    """No false positive: every event of the slot phase reached (RAM-cache restores, slot
+    save, restore and erase, n > 1 children, cancels, and chunk reuse: the server started
+    with --cache-reuse), every cell read checked but those a chunk reuse moved, none bad."""
+    run, summary = probe("llamacpp-local", tmp_path / "p", "--sentinel", "on", "--require", "all",
+                         f"--engine-arg=--cache-reuse {REUSE_CHUNK}")
+    assert summary is not None, run.stderr[-3000:]
+    sentinel = summary["sentinel"]
+    print("LLAMACPP-SENTINEL-HEALTHY", json.dumps({k: sentinel[k] for k in (
+        "steps", "requests", "reads", "writes", "unchecked", "shifted", "foreign", "unwritten")}))
+    assert run.returncode == 0 and summary["verdict"] == "pass", summary["reason"]
+    assert "chunk-reuse" in {r["event"] for r in summary["events"]}
+    assert sentinel["reads"] > 0 and sentinel["shifted"] > 0 and sentinel["foreign"] == sentinel["unwritten"] == 0
+    assert sentinel["version"] == "b11434-sentinel" and "KV slot reads checked" in summary["reason"]

@@ -2,8 +2,10 @@
 each built as its own binary from the pinned sdist's tree (the first about 10 min cold, then
 a recompile of the files it touches), probed in natural style on SmolLM2's GGUF by `--target
 llamacpp-local:FAULT`: each FAILs, exit 1, and the verdict names its binary's fault; the
-key-coverage plant by over-hits, each lifecycle plant by its answers at its event. The plant
-written on the fixes (adapter-switch-keeps) is in test_llamacpp_fixes_live.py.
+key-coverage plant by over-hits, each lifecycle plant at its event, by kvdiag's sentinel
+inside the server (every binary kvdiag builds carries it: sentinel.patch) and by its answers.
+The stock tree with the sentinel alone, and the plant written on the fixes
+(adapter-switch-keeps), are in test_llamacpp_fixes_live.py.
 
 Skipped without the build or the package; a CI rotation slot of its own (make
 test-llamacpp-live-plants)."""
@@ -14,6 +16,7 @@ import json
 
 import pytest
 
+from kvdiag.runners.live.slotlife import REUSE_CHUNK
 from tests.kvdiag.engines.llamacpp_live import PLANT_MARKS, gguf_or_skip, probe
 
 pytestmark = PLANT_MARKS
@@ -30,20 +33,39 @@ def test_a_prefix_match_one_token_too_long_fails_by_over_hits(gguf, tmp_path):
     assert summary["verdict"] == "fail"
     assert summary["key_coverage"]["oracle"]["over_hits"] > 0, summary["key_coverage"]["oracle"]
     assert "b11434-fault-prefix-overrun@llamacpp-local:prefix-overrun" in summary["signature"]
+    # the wrong hit was served: the cell past the common prefix held the slot's last prompt
+    assert summary["sentinel"]["foreign"] > 0, summary["sentinel"]
+
+
+def test_a_chunk_reuse_that_leaves_the_span_fails_by_the_sentinel(gguf, tmp_path):
+    """#12160's shape: the span a chunk is shifted over stays visible. The answers cannot
+    judge chunk reuse (the stock build's own depart from a twin computed from scratch), so its
+    requests have no twin; the sentinel sees the span's cells read at the chunk's positions."""
+    run, summary = probe("llamacpp-local:reuse-keeps-span", tmp_path / "p",
+                         f"--engine-arg=--cache-reuse {REUSE_CHUNK}")
+    assert summary is not None, run.stderr[-3000:]
+    assert {r["event"]: r["reached"] for r in summary["events"]}["chunk-reuse"], summary["events"]
+    sentinel = summary["sentinel"]
+    print("LLAMACPP-REUSE", json.dumps({k: sentinel[k] for k in ("foreign", "unwritten", "shifted", "by_phase")}))
+    assert run.returncode == 1 and summary["verdict"] == "fail", summary["reason"]
+    assert sentinel["foreign"] > 0 and "life" in sentinel["by_phase"]
+    assert summary["key_coverage"]["oracle"]["over_hits"] == 0
 
 
 # where each event's corruption shows: the slot phase's group that drives it (slotlife.py),
 # or, for a slot's recycling, the suite's own rounds
 WHERE_OF = {"slot-restore": "lifecycle restore", "ram-cache": "lifecycle rotate", "recycle": "rounds",
             "n-children": "lifecycle children"}
+PHASE_OF = {"slot-restore": "life", "ram-cache": "life", "recycle": "shared", "n-children": "life"}
 
 
 @pytest.mark.parametrize("fault", ["restore-keeps-tokens", "state-tail-dropped", "seq-rm-keeps-cells",
                                    "child-keeps-cells"])
-def test_a_lifecycle_plant_fails_by_its_answers_at_its_event(gguf, tmp_path, fault):
+def test_a_lifecycle_plant_fails_by_the_sentinel_at_its_event(gguf, tmp_path, fault):
     """The right key over the wrong bytes: every hit stays within the over-hit bound (the
-    tokens were sent before), so only the answers against their isolated twins show it, at
-    the event the plant lives at, which the run reached."""
+    tokens were sent before), so from outside only the answers against their isolated twins
+    show it, some of the time; the sentinel sees every cell read wrong, at the event the plant
+    lives at, which the run reached."""
     from kvdiag.engines.llamacpp.faults import FAULTS
 
     run, summary = probe(f"llamacpp-local:{fault}", tmp_path / "p")
@@ -51,10 +73,14 @@ def test_a_lifecycle_plant_fails_by_its_answers_at_its_event(gguf, tmp_path, fau
     event = FAULTS[fault].event
     assert {r["event"]: r["reached"] for r in summary["events"]}[event], summary["events"]
     where = summary.get("corruption_where") or ""
+    sentinel = summary["sentinel"]
     print("LLAMACPP-LIFECYCLE", json.dumps({"fault": fault, "exit": run.returncode, "where": where,
-                                            "corrupted": summary["corrupted_requests"]}))
+                                            "corrupted": summary["corrupted_requests"],
+                                            "sentinel": sentinel["foreign"] + sentinel["unwritten"]}))
     assert run.returncode == 1 and summary["verdict"] == "fail", summary["reason"]
     assert summary["key_coverage"]["oracle"]["over_hits"] == 0
-    # caught where the plant's event is driven
-    assert WHERE_OF[event] in where, where
+    assert sentinel["foreign"] + sentinel["unwritten"] > 0 and summary["reason"].startswith("sentinel:")
+    # caught where the plant's event is driven (the answers, where they departed, too)
+    assert PHASE_OF[event] in sentinel["by_phase"], sentinel["by_phase"]
+    assert not summary["corrupted_requests"] or WHERE_OF[event] in where, where
     assert f"b11434-fault-{fault}@llamacpp-local:{fault}" in summary["signature"]

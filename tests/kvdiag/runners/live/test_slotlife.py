@@ -8,7 +8,8 @@ import pytest
 
 from kvdiag.runners.live.events import _row
 from kvdiag.runners.live.lifeplan import ANSWER, LifePlan, LifeRequest
-from kvdiag.runners.live.slotlife import PARENTS, children_sets, coverage_rows, plan_slots
+from kvdiag.runners.live.slotlife import LEAD, PARENTS, children_sets, plan_slots
+from kvdiag.runners.live.slotrows import coverage_rows
 from kvdiag.vocab import CANCELS, SLOT_EVENTS
 
 
@@ -158,3 +159,32 @@ def test_each_cancel_sends_a_conversations_last_prompt_and_the_row_names_what_ca
     assert not _cancels(late, by_group, {}, {})[0]["reached"]  # a token came: not a prefill cancel
     never = _cancels({}, {}, {}, {})
     assert not any(r["reached"] for r in never) and all("not driven" in r["evidence"] for r in never)
+
+
+def test_chunk_reuse_is_driven_only_where_the_server_reuses_chunks_and_has_no_twin():
+    """A span of another conversation pasted after X's first quarter, then X: the last three
+    quarters come back as a chunk shifted over the span. No row, and nothing sent, on a server
+    that reuses no chunks; a chunk shorter than N is said, not sent."""
+    sessions = _sessions()
+    assert not plan_slots(sessions, 4).group("reuse")
+    assert "chunk-reuse" not in [r["event"] for r in coverage_rows({}, plan_slots(sessions, 4), {}, _row)]
+    plan = plan_slots(sessions, 4, reuse_chunk=16)
+    reuse = plan.group("reuse")
+    assert len(reuse) == 2 * 3
+    sent = {tuple(p) for s in sessions for p in s}
+    for c, (pasted, x) in enumerate(zip(reuse[::2], reuse[1::2])):
+        q, last = len(sessions[c][-1]) // 4, sessions[c][-1]
+        assert x.of == pasted.j and pasted.twinned and not x.twinned  # no ground truth from scratch
+        assert x.ids[:q] == tuple(last[:q]) and x.ids[-(len(last) - q):] == tuple(last[q:])
+        head = q + LEAD  # both begin alike, then the pasted one has a span as long as q
+        assert pasted.ids[:head] == x.ids[:head] and pasted.ids[head + q:] == x.ids[head:]
+        assert pasted.ids[head:head + q] != x.ids[head:head + q]
+        assert x.ids not in sent and pasted.ids not in sent  # neither restored from an earlier round
+    long = max(len(s[-1]) for s in sessions)
+    assert "reuse" in plan_slots(sessions, 4, reuse_chunk=long).skipped
+    # reached where X reported cached tokens past what it shares with its pasted version
+    cached = {x.j: len(sessions[k][-1]) // 4 + LEAD + (40 if k == 0 else 0) for k, x in enumerate(reuse[1::2])}
+    row = coverage_rows(_stored(plan, cached), plan, {}, _row)[-1]
+    assert row["event"] == "chunk-reuse" and row["reached"] and "1 reported" in row["evidence"]
+    cached = {x.j: len(sessions[k][-1]) // 4 + LEAD for k, x in enumerate(reuse[1::2])}
+    assert not coverage_rows(_stored(plan, cached), plan, {}, _row)[-1]["reached"]
