@@ -291,10 +291,13 @@ llamacpp-env: $(LLAMACPP_SERVER)
 #   core    tests/kvdiag/engines/test_llamacpp_live.py: the stock build in its configuration
 #           rows, the chunk bound, the LoRA row, a GGUF that fails
 #   fixes   tests/kvdiag/engines/test_llamacpp_fixes_live.py: the fixes' binary (upstream's and
-#           kvdiag's adapter fix) and the plant written on it, built from the tree alone
+#           kvdiag's adapter fix) and the plant written on it, built from the tree alone, and
+#           the stock tree with kvdiag's sentinel alone (--sentinel on)
 #   plants  tests/kvdiag/engines/test_llamacpp_plants_live.py: each planted fault, its binary
 #           built from the tree on first use (the first about 10 min cold, then a recompile
 #           of the files its patch touches); no stock build needed
+# Every binary built from the tree carries kvdiag's sentinel (engines/llamacpp/sentinel.patch,
+# inert unless KVDIAG_SENTINEL is set); the stock build stays as shipped.
 # KVDIAG_LLAMACPP_DIR tells kvdiag where LLAMACPP_DIR is.
 LLAMACPP_TESTS = KVDIAG_LLAMACPP_DIR=$(LLAMACPP_DIR) $(PY) -m pytest -m llamacpp_live
 test-llamacpp-live-core: setup llamacpp-env real-model
