@@ -59,7 +59,7 @@ PARENTS = 3  # requests for n completions the children group sends (a last quest
 # near-tie at its first tokens, where a child's change is numerics: more parents, more chances)
 PINNED = 0  # the slot the restore, erase and cancel groups pin their requests to
 CUT = 4  # cancel-decode: tokens read before the client goes (of up to 4 x ANSWER)
-REUSES = 3  # conversations the reuse group pastes a span into, then sends as they were
+REUSES = 3  # conversations the reuse group pastes a span into, then sends without it
 REUSE_CHUNK = 256  # the --cache-reuse N a run that drives chunk reuse starts llama.cpp with
 LEAD = 8  # tokens of another conversation that make each reuse request one never sent before
 
