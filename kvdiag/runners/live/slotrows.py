@@ -37,7 +37,8 @@ def _reuse(by_group: dict, life: LifePlan, row) -> dict:
                f"first quarter, then without it (n_cache_reuse {life.sizing['reuse_chunk']}): {len(shifted)} "
                f"reported cached tokens past what the two share (most {max(shifted, default=0)}): a chunk "
                "shifted back over the span. Their answers have no isolated twin (the chunk's K/V were "
-               "computed after the span, approximate by design): the sentinel judges their reads",
+               "computed after the span, approximate by design): only kvdiag's sentinel inside the "
+               "server judges their reads (on in the builds kvdiag makes; --sentinel on for the stock one)",
                len(rows), {"shifted": len(shifted)})
 
 
