@@ -35,14 +35,19 @@ EVENTS = {
                   "into other slots, which held shorter prompts before",
     "chunk-reuse": "a conversation asked with a span pasted in, then as it was: its tail comes back "
                    "as a chunk shifted over the span (llama.cpp's --cache-reuse)",
+    "failed-restore": "a slot's restore that fails partway (a file of another conversation, broken "
+                      "after its keys), then the conversation the slot held asked again",
 }
 _SLOTS_ONLY = ("ram-cache", "slot-restore", "slot-erase", "n-children")
 CHUNK_REUSE = "chunk-reuse"  # a slot row of its own, only where the server reuses chunks
+# a slot row of its own, only where kvdiag can write into the server's slot folder (it started it)
+FAILED_RESTORE = "failed-restore"
 CANCELS = ("cancel-prefill", "cancel-decode")  # driven on both kinds of engine
 SLOT_EVENTS = _SLOTS_ONLY + CANCELS  # an engine of slots' rows, recycle beside them
-BLOCK_EVENTS = tuple(e for e in EVENTS if e not in (*_SLOTS_ONLY, CHUNK_REUSE))  # a paged engine's rows
+# a paged engine's rows
+BLOCK_EVENTS = tuple(e for e in EVENTS if e not in (*_SLOTS_ONLY, CHUNK_REUSE, FAILED_RESTORE))
 # BRAI above this is an alert (verify --expect-guard, regress, the report, Prometheus rules)
 BRAI_MAX = 0.05
 
-__all__ = ["BLOCK_EVENTS", "BRAI_MAX", "CANCELS", "CHUNK_REUSE", "CLEAN_ALLOCATORS", "CONTIGUOUS", "EVENTS", "GUARD_LOG_LINE",
-           "PAGED_ATTENTION_LINE", "SLOT_EVENTS", "STYLES", "VLLM"]
+__all__ = ["BLOCK_EVENTS", "BRAI_MAX", "CANCELS", "CHUNK_REUSE", "CLEAN_ALLOCATORS", "CONTIGUOUS", "EVENTS",
+           "FAILED_RESTORE", "GUARD_LOG_LINE", "PAGED_ATTENTION_LINE", "SLOT_EVENTS", "STYLES", "VLLM"]

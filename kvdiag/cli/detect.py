@@ -15,7 +15,8 @@ ListOpt = Annotated[list[str] | None, typer.Option(
 
 @handle_errors
 def detect(
-    engine: Annotated[str, typer.Option("--engine", help="vllm or sglang.")] = "vllm",
+    engine: Annotated[str, typer.Option("--engine", help="vllm, sglang or llamacpp (llama.cpp "
+                                        "has no model-free audit: --paths live).")] = "vllm",
     faults: ListOpt = None,
     paths: Annotated[str, typer.Option("--paths", help="audit (model-free, vLLM's own allocator "
                                        "in-process: seconds a fault), live (a real server per "

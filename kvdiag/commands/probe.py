@@ -213,6 +213,8 @@ def probe(args: ProbeArgs, *, info: Callable[[str], None] = lambda _: None,
             settings = dataclasses.replace(settings, prefill_chunk=served.prefill_chunk)
         if served.reuse_chunk:
             settings = dataclasses.replace(settings, reuse_chunk=served.reuse_chunk)
+        if served.slot_files:
+            settings = dataclasses.replace(settings, slot_files=served.slot_files)
         measured = run_probe(served.url, served.model, loaded, chosen, run.path, api_key=args.api_key,
                              settings=settings, resume=args.resume is not None, warn=warn,
                              count_with=args.count_with,

@@ -35,6 +35,7 @@ class Served:
     model_label: str | None = None
     prefill_chunk: int | None = None  # the prefill chunk kvdiag started it with (vLLM does not report it)
     reuse_chunk: int = 0  # llama.cpp's --cache-reuse it was started with (its /props does not say)
+    slot_files: str | None = None  # the folder it saves slots in (llama.cpp; the failed-restore event)
 
 
 def adapter_dirs(adapter: str | None, model_dir: Path, engine: str | None = None) -> dict[str, Path]:
@@ -117,4 +118,4 @@ def live(target: Target, suite, case, model_dir: Path, log_dir: Path,
     with cls(model_dir, fault=target.fault, log_path=Path(log_dir) / target.engine.log_name, **kw) as server:
         yield Served(dataclasses.replace(target, url=server.base_url), server.base_url,
                      server.served_model, model_label(model_dir), getattr(server, "prefill_chunk", None),
-                     getattr(server, "reuse_chunk", 0))
+                     getattr(server, "reuse_chunk", 0), getattr(server, "slot_files", None))

@@ -80,6 +80,11 @@ class OpenAIProtocol:
         """Save, restore or erase a slot, where the server has slots (llama.cpp)."""
         return {"ok": False, "error": f"{self.name} servers have no slots"}
 
+    def broken_slot_file(self, data: bytes) -> bytes | None:
+        """A saved slot file made to fail partway through its restore; None where this
+        engine's files are not known (or have no slots)."""
+        return None
+
     def isolation_works(self, call: Call, model: str) -> tuple[bool, str]:
         """Does the server take isolation per request? (a one-token request with a salt)"""
         body = {"model": model, "messages": [{"role": "user", "content": "hello"}],

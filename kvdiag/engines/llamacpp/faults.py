@@ -79,6 +79,22 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
         event="recycle",
     ),
     Fault(
+        "failed-load-keeps-slot", "a failed load leaves the slot as it was (lifecycle)",
+        "a state load that fails partway (a slot file broken after its keys; a RAM-cache entry, "
+        "which no traffic can make fail) neither clears the slot nor removes the cells it placed: the "
+        "slot keeps its own token list over the cells and bytes of the conversation it was "
+        "loading, and its next request continues that conversation",
+        "tools/server/server-context.cpp: SERVER_TASK_TYPE_SLOT_RESTORE's catch, and "
+        "src/llama-kv-cache.cpp: state_read_sinfo's state_clear",
+        ("llama.cpp #27148's shape as its fix names it (PR #27624: a slot not cleared after a "
+         "load finds nothing, so another conversation's state stays in it), with the cleanup "
+         "of #27068 (PR #27530: a failed restore's cells and bytes left behind) also left out",),
+        (CORRUPTS_OUTPUT,),
+        "a slot given a conversation, a restore into it that fails partway (a slot file of a "
+        "longer conversation, broken after its keys), then that slot's conversation again",
+        event="failed-restore",
+    ),
+    Fault(
         "child-keeps-cells", "an n > 1 child keeps its slot's cells (lifecycle)",
         "a request for n completions copies its cells into a slot per child without emptying "
         "the child's sequence first: a child whose slot held another prompt reads those cells "

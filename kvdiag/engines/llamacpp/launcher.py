@@ -63,6 +63,8 @@ class LlamacppLocal(EngineServer):
         super().__init__(model_dir or self.default_model(), fault=fault, python=str(self.server),
                          log_path=log_path, extra_args=extra_args, timeout=timeout,
                          served_model=served_model or "smollm2", sentinel=sentinel)
+        # where it saves slots: kvdiag writes a cut file there (the probe's failed-restore event)
+        self.slot_files = str(flag_value(extra_args, "--slot-save-path") or self.log_path.parent / "slots")
 
     @staticmethod
     def find_python() -> str:
@@ -99,11 +101,10 @@ class LlamacppLocal(EngineServer):
         args = [str(self.server), "-m", str(self.model_dir), "--host", "127.0.0.1",
                 "--port", str(self.port), "--alias", self.served_model, "--metrics", "--slots",
                 "--no-webui", "--offline"]
-        if not any(a.split("=", 1)[0] == "--slot-save-path" for a in self.extra_args):
+        if flag_value(self.extra_args, "--slot-save-path") is None:
             # slot save and restore (the probe's slot-restore event) need a folder: the run's
-            saved = self.log_path.parent / "slots"
-            saved.mkdir(parents=True, exist_ok=True)
-            args += ["--slot-save-path", str(saved)]
+            Path(self.slot_files).mkdir(parents=True, exist_ok=True)
+            args += ["--slot-save-path", self.slot_files]
         if self.adapters:  # loaded at scale 0: a request asks for one by its "lora" field, and
             # one without the field runs the base model (it runs the server's list as loaded:
             # --lora would give every such request the adapter at scale 1)
@@ -116,14 +117,22 @@ class LlamacppLocal(EngineServer):
         return self.base_environment() | library_path(self.server)
 
 
+def flag_value(extra_args: tuple[str, ...], flag: str) -> str | None:
+    """The value of llama-server's `flag` among `extra_args` (`FLAG VALUE` or `FLAG=VALUE`);
+    None without it, "" where it ends the line."""
+    args = [a for arg in extra_args for a in arg.split("=", 1)] if extra_args else []
+    for k, arg in enumerate(args):
+        if arg == flag:
+            return args[k + 1] if k + 1 < len(args) else ""
+    return None
+
+
 def reuse_chunk(extra_args: tuple[str, ...]) -> int:
     """The N of `--cache-reuse N` (or `--cache-reuse=N`) among llama-server's flags; 0 without
     it. KvdiagError (exit 2) for a value that is not a whole number."""
-    args = [a for arg in extra_args for a in arg.split("=", 1)] if extra_args else []
-    for k, arg in enumerate(args):
-        if arg == "--cache-reuse":
-            value = args[k + 1] if k + 1 < len(args) else ""
-            if not value.isdigit():
-                raise KvdiagError(f"--cache-reuse {value!r}: llama-server takes a whole number of tokens")
-            return int(value)
-    return 0
+    value = flag_value(extra_args, "--cache-reuse")
+    if value is None:
+        return 0
+    if not value.isdigit():
+        raise KvdiagError(f"--cache-reuse {value!r}: llama-server takes a whole number of tokens")
+    return int(value)

@@ -9,7 +9,8 @@
     reuse       n_cache_reuse sent with every request (0 unless the probe was told N): the
                 shortest chunk past the common prefix it may shift into place and count
     slots       id_slot pins a request to a slot; POST /slots/ID?action=save|restore|erase
-                ({filename}, under --slot-save-path) saves, restores and erases one
+                ({filename}, under --slot-save-path) saves, restores and erases one; a
+                saved file is broken to fail partway through its restore (slotfile.py)
     adapters    GET /lora-adapters: each adapter loaded (--lora-scaled FILE:0) by id, named
                 here by its file's stem; a request asks for one with "lora": [{id, scale: 1}],
                 and one without the field runs the server's list as loaded
@@ -89,6 +90,13 @@ class LlamacppProtocol(OpenAIProtocol):
             return {"ok": False, "error": f"HTTP {r.status_code}: {str(why)[:200]}"}
         data = r.json()
         return {k: v for k, v in data.items() if k in ("n_saved", "n_restored", "n_erased")} | {"ok": True}
+
+    def broken_slot_file(self, data: bytes) -> bytes | None:
+        """Its first value layer's type made one no cache has (slotfile.py): the restore
+        writes every layer's keys, then fails."""
+        from kvdiag.engines.llamacpp.slotfile import break_values
+
+        return break_values(data)
 
     def isolation_works(self, call: Call, model: str) -> tuple[bool, str]:
         """A one-token request with cache_prompt: false, sent twice: the second must report

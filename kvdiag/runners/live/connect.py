@@ -17,7 +17,7 @@ def connect(base_url: str, model: str, api_key: str | None, suite: Suite,
             settings: P.ProbeSettings) -> tuple[Endpoint, dict, ServerCache]:
     """The endpoint (model and adapter served), who the server is, and its KV cache."""
     endpoint = Endpoint(base_url, model, api_key)
-    endpoint.reuse_chunk = settings.reuse_chunk
+    endpoint.reuse_chunk, endpoint.slot_files = settings.reuse_chunk, settings.slot_files
     served = endpoint.check()
     if settings.adapter is not None:
         served += list(endpoint.adapters)  # a model (vLLM, SGLang), or named by a field (llama.cpp)

@@ -42,6 +42,7 @@ class Endpoint(ServerIdentity):
         self._count_cache: dict[str, list[int]] = {}
         self.has_tokenize = True
         self.reuse_chunk = 0  # sent where the server takes it per request (protocol.pin_reuse)
+        self.slot_files: str | None = None  # its slot folder, where kvdiag started it (slotlife.py)
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -66,6 +66,7 @@ class ProbeSettings:
     lifecycle: bool = True  # drive every event of a block's life (lifecycle.py)
     prefill_chunk: int | None = None  # the server's prefill chunk where it does not report it
     reuse_chunk: int = 0  # llama.cpp's n_cache_reuse, sent with every request (the bound's chunks)
+    slot_files: str | None = None  # the folder a server kvdiag started saves its slots in (llama.cpp)
     require: tuple[str, ...] = ()  # events a run must reach, or be inconclusive
     sentinel: str | None = None  # the file a sentinel inside the server writes (kvdiag.sentinel)
 

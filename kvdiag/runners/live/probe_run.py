@@ -124,7 +124,8 @@ def _plan_lifecycle(endpoint: Endpoint, plan, server: ServerCache, spaced: bool,
     if endpoint.protocol.slots and twins:
         slots = server.flags.get("total_slots")
         return SL.plan_slots([list(map(list, s)) for s in plan.prompts],
-                             slots if isinstance(slots, int) else None, settings.reuse_chunk)
+                             slots if isinstance(slots, int) else None, settings.reuse_chunk,
+                             failed_restore=settings.slot_files is not None)
     last = [session[-1] for session in plan.prompts]
     material = [t for prompt in last for t in prompt]
     ends = tuple(itertools.accumulate(len(prompt) for prompt in last))

@@ -19,6 +19,11 @@ checked against its isolated twin (`cache_prompt: false`) with the isolated phas
                                                                     serves B from A's cells);
                                                                     A reads the restored cells
     erase     the slot erased, then A again                         slot-erase
+    failed-   where kvdiag started the server (it can write into    failed-restore: a server
+    restore   the slot folder): on one slot, L (the longer of A     that keeps the slot after
+              and B), its file saved and a copy broken to fail      the failed load serves S
+              partway; S (the other); the copy restored (it must    from the cells it left
+              fail, after every layer's keys); S again
     children  for B and the next two conversations (P): every       n-children: every child's
               slot but 0 given a prompt of another conversation     slot copies P's cells over
               at once, the longest that ends (with its answer)      a shorter prompt's (a child
@@ -49,6 +54,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 from kvdiag.runners.live.cancel import cancel_request
 from kvdiag.runners.live.lifeplan import ANSWER, LIFE, LifePlan, LifeRequest
@@ -64,13 +70,15 @@ REUSE_CHUNK = 256  # the --cache-reuse N a run that drives chunk reuse starts ll
 LEAD = 8  # tokens of another conversation that make each reuse request one never sent before
 
 
-def plan_slots(sessions: list[list[list[int]]], slots: int | None, reuse_chunk: int = 0) -> LifePlan:
+def plan_slots(sessions: list[list[list[int]]], slots: int | None, reuse_chunk: int = 0, *,
+               failed_restore: bool = False) -> LifePlan:
     """The phase's requests for a server of `slots` slots (its /props total_slots; None: not
     reported), from the suite's own conversations (`sessions`: each one's prompts as token
     ids, round by round, each the last one extended): prompts whose answers the model reads
     from the conversation, so wrong cells under them show in the answer. `reuse_chunk`: the
     server's --cache-reuse N (0: it reuses no chunks, and the reuse group is not sent).
-    Pure: a resumed probe plans the same."""
+    `failed_restore`: kvdiag can write into the server's slot folder (it started the server),
+    so the failed-restore group is sent. Pure: a resumed probe plans the same."""
     requests: list[LifeRequest] = []
 
     def add(group: str, ids: list[int], salt: str, of: int | None = None, twinned: bool = True) -> int:
@@ -98,6 +106,11 @@ def plan_slots(sessions: list[list[list[int]]], slots: int | None, reuse_chunk: 
         add("restore", b, "restore-b", b1)
         a2 = add("restore", a, "restore-a", a1)
         add("erase", a, "restore-a", a2)
+        if failed_restore:  # the slot's S, read after a failed load of the longer L's file
+            longer, other = (a, b) if len(a) >= len(b) else (b, a)
+            add("failed-restore", longer, "failed-restore-l")
+            s1 = add("failed-restore", other, "failed-restore-s")
+            add("failed-restore", other, "failed-restore-s", s1)
         if not slots or slots < 2:
             skipped["children"] = "the server has one slot (or does not say): no child has a slot of its own"
         else:
@@ -118,13 +131,16 @@ def plan_slots(sessions: list[list[list[int]]], slots: int | None, reuse_chunk: 
                 skipped["children"] = f"the suite has too few prompts shorter than its last ones to hold {slots - 1} slots"
     else:
         skipped["restore"] = skipped["erase"] = skipped["children"] = "the suite has fewer than 2 conversations"
+        if failed_restore:
+            skipped["failed-restore"] = skipped["restore"]
     for k, event in enumerate(CANCELS):  # conversations other than A and B where there are
         if sessions:
             add(event, sessions[(2 + k) % len(sessions)][-1], f"cancel-{k}")
     if reuse_chunk > 0:
         _plan_reuse(sessions, reuse_chunk, add, skipped)
-    return LifePlan(tuple(requests), skipped, {"slots": slots, "pinned_slot": PINNED,
-                                                "rounds": rounds, "reuse_chunk": reuse_chunk}, kind="slots")
+    return LifePlan(tuple(requests), skipped, {"slots": slots, "pinned_slot": PINNED, "rounds": rounds,
+                                                "reuse_chunk": reuse_chunk, "failed_restore": failed_restore},
+                    kind="slots")
 
 
 def _plan_reuse(sessions: list[list[list[int]]], chunk: int, add, skipped: dict) -> None:
@@ -165,9 +181,9 @@ async def slots_phase(endpoint, life: LifePlan, store, tick: Callable[[], None],
         store.add(LIFE, q.j, 0, res, group=q.group, salt=q.salt, **({"slot": slot} if slot is not None else {}))
         tick()
 
-    async def act(action: str, name: str | None = None) -> bool:
+    async def act(action: str, name: str | None = None, into: list | None = None) -> bool:
         got = await asyncio.to_thread(endpoint.slot_action, PINNED, action, name)
-        actions.append({"action": action, "file": name} | got)
+        (actions if into is None else into).append({"action": action, "file": name} | got)
         return got.get("ok", False)
 
     for q in life.group("rotate"):
@@ -176,6 +192,7 @@ async def slots_phase(endpoint, life: LifePlan, store, tick: Callable[[], None],
     for c, q in enumerate(life.group("pinned")):
         await one(q, c % slots)
     await _restore_and_erase(life, store, one, act)
+    await _failed_restore(life, store, one, act, endpoint, observed)
     answered = observed.setdefault("children_answered", [])
     for held, children in children_sets(life):
         if all((LIFE, q.j, 0) in store.done for q in children):
@@ -226,3 +243,29 @@ async def _restore_and_erase(life: LifePlan, store, one, act) -> None:
     if await act("erase"):
         for q in life.group("erase"):
             await one(q, PINNED)
+
+
+async def _failed_restore(life: LifePlan, store, one, act, endpoint, observed: dict) -> None:
+    """L on the slot, its file saved, then a broken copy written beside it (in the folder of a
+    server kvdiag started), which fails partway through its restore (the engine's protocol
+    knows its files); S; the broken copy restored, refused; S again. Its slot actions go to
+    `observed["failed_restore"]`, apart from the restore group's."""
+    folder = endpoint.slot_files
+    group = life.group("failed-restore")
+    if not group or folder is None or all((LIFE, q.j, 0) in store.done for q in group):
+        return
+    longer, first, again = group
+    actions = observed.setdefault("failed_restore", [])
+    name = f"kvdiag-{uuid.uuid4().hex[:12]}.bin"
+    await one(longer, PINNED)
+    if not await act("save", name, actions):
+        return  # no slot save path (coverage_rows says why)
+    saved = Path(folder) / name
+    broken = endpoint.protocol.broken_slot_file(saved.read_bytes())
+    if broken is None:  # coverage_rows says the file's layout was not known
+        return
+    bad = saved.with_name(f"{saved.stem}-broken.bin")
+    bad.write_bytes(broken)
+    await one(first, PINNED)
+    await act("restore", bad.name, actions)
+    await one(again, PINNED)

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from kvdiag.runners.live.lifeplan import LifePlan
 from kvdiag.runners.live.slotlife import PINNED, children_sets
-from kvdiag.vocab import CHUNK_REUSE
+from kvdiag.vocab import CHUNK_REUSE, FAILED_RESTORE
 
 
 def coverage_rows(by_group: dict[str, list[dict]], life: LifePlan, observed: dict, row) -> list[dict]:
     """The slot events' rows of the coverage table (`row`: events.py's row maker)."""
     reuse = [_reuse(by_group, life, row)] if life.sizing.get("reuse_chunk") else []
+    if life.sizing.get("failed_restore"):
+        reuse.append(_failed_restore(by_group, life, observed, row))
     if "restore" in life.skipped:
         why = f"not driven: {life.skipped['restore']}"
         return [_ram_cache(by_group, life, row), row("slot-restore", False, why, 0),
@@ -40,6 +42,34 @@ def _reuse(by_group: dict, life: LifePlan, row) -> dict:
                "computed after the span, approximate by design): only kvdiag's sentinel inside the "
                "server judges their reads (on in the builds kvdiag makes; --sentinel on for the stock one)",
                len(rows), {"shifted": len(shifted)})
+
+
+def _failed_restore(by_group: dict, life: LifePlan, observed: dict, row) -> dict:
+    """Reached where the broken file's restore was refused and the slot's conversation was asked
+    again after it (its cached tokens say whether the server cleared the slot: a cleared one
+    reports none)."""
+    if "failed-restore" in life.skipped:
+        return row(FAILED_RESTORE, False, f"not driven: {life.skipped['failed-restore']}", 0)
+    actions = observed.get("failed_restore") or []
+    rows = sorted(by_group.get("failed-restore", []), key=lambda r: r["index"])
+    save = next((a for a in actions if a["action"] == "save"), None)
+    restore = next((a for a in actions if a["action"] == "restore"), None)
+    if save is None or not save.get("ok"):
+        why = save.get("error", "no answer") if save else "never asked"
+        return row(FAILED_RESTORE, False, f"not driven: slot {PINNED} was not saved ({why})", len(rows))
+    if restore is None:
+        return row(FAILED_RESTORE, False, "not driven: the saved slot file's layout is not one kvdiag "
+                   "knows how to break (the engine's version differs)", len(rows))
+    if restore.get("ok"):
+        return row(FAILED_RESTORE, False, "not driven: the broken file's restore was taken whole "
+                   f"({restore.get('n_restored')} tokens)", len(rows))
+    after = [r.get("cached_tokens") for r in rows[2:]]
+    return row(FAILED_RESTORE, len(rows) == 3,
+               f"slot {PINNED} saved with the longer conversation, a copy of its file broken after "
+               f"its keys, the slot given to the other; the copy's restore refused "
+               f"({str(restore.get('error'))[:80]}); the other "
+               f"then asked again, reporting {after} cached tokens (a slot cleared after the failed "
+               "load reports none)", len(rows), {"cached_after": after[0] if after else None})
 
 
 def _ram_cache(by_group: dict, life: LifePlan, row) -> dict:

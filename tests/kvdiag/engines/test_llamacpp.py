@@ -413,3 +413,41 @@ def test_the_differential_phase_sends_new_tokens_under_the_adapter_then_the_base
     assert first.model == "kvdiag-lora" and after.model is None and first.ids == after.ids
     assert first.ids[0] != other.ids[0] and first.ids[1:] == other.ids[1:]  # no base request's prefix
     assert not {"adapter first", "base after adapter"} & {p.name for p in pairs(material, 16, None)}
+
+
+def _slot_file(cells: int = 3, layers: int = 2, row: int = 8, seq_ids: int = 1) -> tuple[bytes, int]:
+    """A slot file in b11434's layout (llama-context.cpp state_seq_save_file), and where its
+    first value layer begins: header and 5 tokens, one stream of `cells` cells, then each
+    layer's keys and each layer's values (f16, `row` bytes a row)."""
+    import struct
+
+    out = struct.pack("<III", 0x67677371, 2, 5) + struct.pack("<5i", *range(5))
+    out += struct.pack("<II", 1, cells)
+    for p in range(cells):
+        out += struct.pack("<iI", p, seq_ids) + struct.pack(f"<{seq_ids}i", *range(seq_ids))
+    out += struct.pack("<IIII", 0, layers, 64, 0)
+    for layer in range(layers):
+        out += struct.pack("<iQ", 1, row) + bytes([layer + 1]) * (cells * row)
+    first = len(out)
+    for layer in range(layers):
+        out += struct.pack("<iQ", 1, row) + bytes([layer + 9]) * (cells * row)
+    return out, first
+
+
+def test_a_slot_file_is_broken_only_where_its_layout_walks_out_exactly():
+    """The failed-restore event's file: the first value layer's type made one no cache has,
+    every key and value byte kept; a file cut short, or a cell of two sequences, is left
+    alone (None: the event is said not driven)."""
+    import struct
+
+    from kvdiag.engines.llamacpp.slotfile import NO_TYPE, break_values
+
+    data, first = _slot_file()
+    broken = break_values(data)
+    assert broken is not None and len(broken) == len(data)
+    assert struct.unpack_from("<i", broken, first)[0] == NO_TYPE
+    assert broken[:first] == data[:first] and broken[first + 4:] == data[first + 4:]
+    assert LLAMACPP.broken_slot_file(data) == broken
+    assert break_values(data[:-1]) is None and break_values(data[:first]) is None
+    assert break_values(data + b"\0") is None and break_values(b"") is None
+    assert break_values(_slot_file(seq_ids=2)[0]) is None

@@ -69,8 +69,9 @@ def test_an_adapter_switch_that_keeps_the_slot_fails_by_the_adapter_pairs_over_h
 
 def test_the_stock_tree_with_the_sentinel_reads_nothing_wrong(gguf, tmp_path):
     """No false positive: every event of the slot phase reached (RAM-cache restores, slot
-    save, restore and erase, n > 1 children, cancels, and chunk reuse: the server started
-    with --cache-reuse), every cell read checked but those a chunk reuse moved, none bad."""
+    save, restore and erase, n > 1 children, cancels, a restore that fails partway, and
+    chunk reuse: the server started with --cache-reuse), every cell read checked but those a
+    chunk reuse moved, none bad: the stock server clears what a failed restore placed."""
     run, summary = probe("llamacpp-local", tmp_path / "p", "--sentinel", "on", "--require", "all",
                          f"--engine-arg=--cache-reuse {REUSE_CHUNK}")
     assert summary is not None, run.stderr[-3000:]
@@ -78,6 +79,8 @@ def test_the_stock_tree_with_the_sentinel_reads_nothing_wrong(gguf, tmp_path):
     print("LLAMACPP-SENTINEL-HEALTHY", json.dumps({k: sentinel[k] for k in (
         "steps", "requests", "reads", "writes", "unchecked", "shifted", "foreign", "unwritten")}))
     assert run.returncode == 0 and summary["verdict"] == "pass", summary["reason"]
-    assert "chunk-reuse" in {r["event"] for r in summary["events"]}
+    events = {r["event"]: r for r in summary["events"]}
+    assert "chunk-reuse" in events and "failed-restore" in events
+    print("LLAMACPP-FAILED-RESTORE", events["failed-restore"]["evidence"])
     assert sentinel["reads"] > 0 and sentinel["shifted"] > 0 and sentinel["foreign"] == sentinel["unwritten"] == 0
     assert sentinel["version"] == "b11434-sentinel" and "KV slot reads checked" in summary["reason"]

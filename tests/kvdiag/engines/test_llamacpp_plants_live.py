@@ -55,12 +55,13 @@ def test_a_chunk_reuse_that_leaves_the_span_fails_by_the_sentinel(gguf, tmp_path
 # where each event's corruption shows: the slot phase's group that drives it (slotlife.py),
 # or, for a slot's recycling, the suite's own rounds
 WHERE_OF = {"slot-restore": "lifecycle restore", "ram-cache": "lifecycle rotate", "recycle": "rounds",
-            "n-children": "lifecycle children"}
-PHASE_OF = {"slot-restore": "life", "ram-cache": "life", "recycle": "shared", "n-children": "life"}
+            "n-children": "lifecycle children", "failed-restore": "lifecycle failed-restore"}
+PHASE_OF = {"slot-restore": "life", "ram-cache": "life", "recycle": "shared", "n-children": "life",
+            "failed-restore": "life"}
 
 
 @pytest.mark.parametrize("fault", ["restore-keeps-tokens", "state-tail-dropped", "seq-rm-keeps-cells",
-                                   "child-keeps-cells"])
+                                   "child-keeps-cells", "failed-load-keeps-slot"])
 def test_a_lifecycle_plant_fails_by_the_sentinel_at_its_event(gguf, tmp_path, fault):
     """The right key over the wrong bytes: every hit stays within the over-hit bound (the
     tokens were sent before), so from outside only the answers against their isolated twins

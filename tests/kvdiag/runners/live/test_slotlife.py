@@ -188,3 +188,33 @@ def test_chunk_reuse_is_driven_only_where_the_server_reuses_chunks_and_has_no_tw
     assert row["event"] == "chunk-reuse" and row["reached"] and "1 reported" in row["evidence"]
     cached = {x.j: len(sessions[k][-1]) // 4 + LEAD for k, x in enumerate(reuse[1::2])}
     assert not coverage_rows(_stored(plan, cached), plan, {}, _row)[-1]["reached"]
+
+
+def test_a_failed_restore_is_driven_only_where_kvdiag_can_break_a_slot_file():
+    """The longer of A and B on the slot, saved; the other; the broken file's restore; the
+    other again, its answer twinned. No row where kvdiag did not start the server; a restore
+    that took the broken file whole, a file kvdiag could not break, or a refused save, is not
+    reached; a cleared slot reports none."""
+    sessions = _sessions()
+    assert "failed-restore" not in [r["event"] for r in coverage_rows({}, plan_slots(sessions, 4), {}, _row)]
+    plan = plan_slots(sessions, 4, failed_restore=True)
+    longer, first, again = plan.group("failed-restore")
+    a, b = sessions[0][-1], sessions[1][-1]
+    assert longer.ids == tuple(max(a, b, key=len)) and first.ids == again.ids == tuple(min(a, b, key=len))
+    assert len(longer.ids) > len(first.ids) and again.of == first.j and again.twinned
+    refused = [{"action": "save", "ok": True, "n_saved": 300},
+               {"action": "restore", "ok": False, "error": "HTTP 400: Unable to restore slot"}]
+    row = coverage_rows(_stored(plan, {}), plan, {"failed_restore": refused}, _row)[-1]
+    assert row["event"] == "failed-restore" and row["reached"] and row["server"] == {"cached_after": 0}
+    kept = coverage_rows(_stored(plan, {again.j: len(again.ids) - 1}), plan, {"failed_restore": refused}, _row)[-1]
+    assert kept["reached"] and kept["server"]["cached_after"] == len(again.ids) - 1
+    taken = [refused[0], {"action": "restore", "ok": True, "n_restored": 300}]
+    row = coverage_rows(_stored(plan, {}), plan, {"failed_restore": taken}, _row)[-1]
+    assert not row["reached"] and "taken whole" in row["evidence"]
+    row = coverage_rows(_stored(plan, {}), plan, {"failed_restore": refused[:1]}, _row)[-1]
+    assert not row["reached"] and "layout" in row["evidence"]
+    row = coverage_rows(_stored(plan, {}), plan, {"failed_restore": [{"action": "save", "ok": False,
+                                                                     "error": "HTTP 501"}]}, _row)[-1]
+    assert not row["reached"] and "501" in row["evidence"]
+    one = plan_slots(sessions[:1], 4, failed_restore=True)
+    assert not one.group("failed-restore") and "fewer than 2" in coverage_rows({}, one, {}, _row)[-1]["evidence"]
