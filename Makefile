@@ -292,7 +292,8 @@ llamacpp-env: $(LLAMACPP_SERVER)
 #           rows, the chunk bound, the LoRA row, a GGUF that fails
 #   fixes   tests/kvdiag/engines/test_llamacpp_fixes_live.py: the fixes' binary (upstream's and
 #           kvdiag's adapter fix) and the plant written on it, built from the tree alone, and
-#           the stock tree with kvdiag's sentinel alone (--sentinel on)
+#           the stock tree with kvdiag's sentinel alone (--sentinel on), and the plant that
+#           checks the sentinel's judging of moved cells (reuse-match-overrun)
 #   plants  tests/kvdiag/engines/test_llamacpp_plants_live.py: each planted fault, its binary
 #           built from the tree on first use (the first about 10 min cold, then a recompile
 #           of the files its patch touches); no stock build needed

@@ -15,8 +15,8 @@ removes those cells, so the plant cannot act (docs/llamacpp.md).
 and dropped: the stock build's chunk reuse itself departs from a twin computed from scratch
 (a shifted chunk's K/V were computed after a span the new prompt lacks), so answers cannot
 tell it. kvdiag's sentinel inside the server can (the cells a chunk reuse moves are told to
-it and not judged, every other cell read still is), and it is kept, judged by the sentinel
-(docs/llamacpp.md).
+it with the token each holds, and a read of one is judged by that token; every other cell by
+its prefix), and it is kept, judged by the sentinel (docs/llamacpp.md).
 """
 
 from __future__ import annotations
@@ -117,6 +117,20 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
         "a slot holding a prompt with a span pasted in, then asked for the prompt without it, "
         "on a server started with --cache-reuse N",
         live="probe-reuse", event="chunk-reuse",
+    ),
+    Fault(
+        "reuse-match-overrun", "a reused chunk runs one token too long (key coverage)",
+        "with --cache-reuse, a chunk of the slot's cells found again in the new prompt is "
+        "taken one token past where the two agree: that cell, and its token in the slot's "
+        "list, move with the chunk, and the new prompt's own token there is never computed",
+        "tools/server/server-context.cpp: the n_cache_reuse loop's n_match",
+        ("no llama.cpp report: prefix-overrun's class (SGLang PR #28692, Mooncake #4153) in the "
+         "chunk matching of --cache-reuse (#12160's code path)",),
+        (CORRUPTS_OUTPUT,),
+        "a slot holding a prompt with a span pasted in, then asked for the prompt without it, "
+        "on a server started with --cache-reuse N (the lookup of chunk reuse, which the "
+        "slot phase's reuse group drives)",
+        live="probe-reuse",
     ),
     Fault(
         "adapter-switch-keeps", "an adapter switch keeps the slot (key coverage: the adapter)",

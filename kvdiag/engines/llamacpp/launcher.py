@@ -111,10 +111,17 @@ class LlamacppLocal(EngineServer):
             if any(":" in str(f) or "," in str(f) for f in self.adapters.values()):
                 raise KvdiagError(f"llamacpp-local: an adapter path holds ':' or ',' ({self.adapters})")
             args += ["--lora-scaled", ",".join(f"{f}:0" for f in self.adapters.values())]
-        return args + list(self.extra_args)
+        return args + llama_args(self.extra_args)
 
     def environment(self) -> dict[str, str]:
         return self.base_environment() | library_path(self.server)
+
+
+def llama_args(extra_args: tuple[str, ...]) -> list[str]:
+    """`extra_args` as llama-server takes them: b11434's parser knows no `--flag=value` (it
+    exits with "invalid argument: --cache-reuse=256"), so such a word becomes two."""
+    return [w for arg in extra_args
+            for w in (arg.split("=", 1) if arg.startswith("-") and "=" in arg else (arg,))]
 
 
 def flag_value(extra_args: tuple[str, ...], flag: str) -> str | None:

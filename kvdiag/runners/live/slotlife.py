@@ -37,8 +37,8 @@ checked against its isolated twin (`cache_prompt: false`) with the isolated phas
     reuse     where the server reuses chunks (--cache-reuse N):     chunk-reuse: the tail comes
               on slot 0, a conversation with a span of another      back shifted over the span,
               pasted after its first quarter, then without it       its K/V computed after it:
-              (REUSES conversations, each made new by a lead-in)    approximate by design, so
-                                                                    no isolated twin; the
+              and with a few words of another at its end (REUSES    approximate by design, so
+              conversations, each made new by a lead-in)            no isolated twin; the
                                                                     sentinel judges the reads
 
 Every prompt is one of the suite's own, so its answer is read from its conversation (a window
@@ -147,19 +147,22 @@ def _plan_reuse(sessions: list[list[list[int]]], chunk: int, add, skipped: dict)
     """The reuse group: for a conversation's last prompt X, its first quarter H, then a short
     lead-in L of another conversation (so that neither request was ever sent: an earlier
     round's X in the RAM prompt cache would be restored instead), then a span S as long as H,
-    then the rest T: H + L + S + T, then H + L + T. T sits in the slot after S, a chunk at
-    least `chunk` long, which llama.cpp shifts back over S. The second request has no twin:
-    its chunk's K/V were computed after S, approximate by design."""
+    then the rest T: H + L + S + T, then H + L + T + C, C words of the other conversation
+    before L. T sits in the slot after S, a chunk at least `chunk` long, which llama.cpp
+    shifts back over S; it ends where the two prompts part (the slot holds the first answer
+    after T, the prompt C), so a chunk matched past that point moves a cell the prompt does
+    not have. The second request has no twin: its chunk's K/V were computed after S,
+    approximate by design."""
     sent = 0
     for c, talk in enumerate(sessions[:REUSES] if len(sessions) >= 2 else []):
         x, other = talk[-1], sessions[(c + 1) % len(sessions)][-1]
         q = len(x) // 4
         mid = len(other) // 2
-        lead, span = other[mid - LEAD:mid], other[mid:mid + q]
-        if len(x) - q < chunk or len(span) < q or mid < LEAD:
+        close, lead, span = other[mid - 2 * LEAD:mid - LEAD], other[mid - LEAD:mid], other[mid:mid + q]
+        if len(x) - q < chunk or len(span) < q or mid < 2 * LEAD:
             continue
         pasted = add("reuse", [*x[:q], *lead, *span, *x[q:]], f"reuse-{c}-pasted")
-        add("reuse", [*x[:q], *lead, *x[q:]], f"reuse-{c}", of=pasted, twinned=False)
+        add("reuse", [*x[:q], *lead, *x[q:], *close], f"reuse-{c}", of=pasted, twinned=False)
         sent += 1
     if not sent:
         skipped["reuse"] = (f"no conversation's last three quarters are {chunk} tokens or more "

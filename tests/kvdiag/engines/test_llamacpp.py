@@ -233,7 +233,7 @@ def test_an_engine_flag_for_a_server_kvdiag_does_not_start_is_refused(tmp_path):
 def test_chunk_reuse_is_pinned_per_request_and_read_from_the_servers_flags():
     """Every request carries n_cache_reuse (the server's --cache-reuse cannot be read from
     /props), the N kvdiag started llamacpp-local with, 0 otherwise; a bad N is exit 2."""
-    from kvdiag.engines.llamacpp.launcher import reuse_chunk
+    from kvdiag.engines.llamacpp.launcher import llama_args, reuse_chunk
     from kvdiag.engines.protocol import OpenAIProtocol
 
     body = {"prompt": [1, 2, 3]}
@@ -246,6 +246,10 @@ def test_chunk_reuse_is_pinned_per_request_and_read_from_the_servers_flags():
     assert reuse_chunk(("--cache-reuse", "256")) == reuse_chunk(("--cache-reuse=256",)) == 256
     with pytest.raises(KvdiagError, match="whole number"):
         reuse_chunk(("--cache-reuse", "lots"))
+    # llama-server b11434 refuses --cache-reuse=256 (detect's own chunk-reuse row once did):
+    # the word is split for it, a value holding '=' is left whole
+    assert llama_args(("--cache-reuse=256", "--override-kv", "a=int:1")) == \
+        ["--cache-reuse", "256", "--override-kv", "a=int:1"]
 
 
 def test_a_chunk_shifted_past_the_common_prefix_is_within_the_bound_only_with_the_rule(tmp_path):

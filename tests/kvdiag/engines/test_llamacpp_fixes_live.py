@@ -8,7 +8,9 @@ recompile of the files each patch chain touches), probed in natural style on Smo
   over-hit, and by kvdiag's sentinel (every binary kvdiag builds carries it), which reads
   nothing wrong in the fixed build's LoRA row;
 - the stock tree with the sentinel alone (`--sentinel on`) reads nothing wrong with every
-  event reached, chunk reuse included.
+  event reached, chunk reuse included, and `reuse-match-overrun` (a chunk matched one token
+  past where the prompts agree) fails by it: the cells a chunk reuse moves are judged by the
+  token each holds (the sentinel's own check, beside the stock row it must pass).
 
 The stock build's LoRA row (a FAIL) is in test_llamacpp_live.py. Skipped without the tree or
 the package; a CI rotation slot of its own (make test-llamacpp-live-fixes)."""
@@ -70,8 +72,9 @@ def test_an_adapter_switch_that_keeps_the_slot_fails_by_the_adapter_pairs_over_h
 def test_the_stock_tree_with_the_sentinel_reads_nothing_wrong(gguf, tmp_path):
     """No false positive: every event of the slot phase reached (RAM-cache restores, slot
     save, restore and erase, n > 1 children, cancels, a restore that fails partway, and
-    chunk reuse: the server started with --cache-reuse), every cell read checked but those a
-    chunk reuse moved, none bad: the stock server clears what a failed restore placed."""
+    chunk reuse: the server started with --cache-reuse), every cell read checked (a cell a
+    chunk reuse moved by its token), none bad: the stock server clears what a failed restore
+    placed."""
     run, summary = probe("llamacpp-local", tmp_path / "p", "--sentinel", "on", "--require", "all",
                          f"--engine-arg=--cache-reuse {REUSE_CHUNK}")
     assert summary is not None, run.stderr[-3000:]
@@ -84,3 +87,20 @@ def test_the_stock_tree_with_the_sentinel_reads_nothing_wrong(gguf, tmp_path):
     print("LLAMACPP-FAILED-RESTORE", events["failed-restore"]["evidence"])
     assert sentinel["reads"] > 0 and sentinel["shifted"] > 0 and sentinel["foreign"] == sentinel["unwritten"] == 0
     assert sentinel["version"] == "b11434-sentinel" and "KV slot reads checked" in summary["reason"]
+
+
+def test_a_chunk_matched_one_token_too_long_fails_by_the_sentinel(gguf, tmp_path):
+    """Key coverage in chunk reuse: the chunk runs one cell past where the two prompts agree,
+    its token moved into the slot's list with it. The moved cell holds the slot's token, not
+    the prompt's, which is how the sentinel judges a moved cell (its K/V, computed after other
+    tokens, are approximate by design); the stock row above passes the same check."""
+    run, summary = probe("llamacpp-local:reuse-match-overrun", tmp_path / "p",
+                         f"--engine-arg=--cache-reuse {REUSE_CHUNK}")
+    assert summary is not None, run.stderr[-3000:]
+    assert {r["event"]: r["reached"] for r in summary["events"]}["chunk-reuse"], summary["events"]
+    sentinel = summary["sentinel"]
+    print("LLAMACPP-REUSE-OVERRUN", json.dumps({**{k: sentinel[k] for k in ("foreign", "unwritten", "shifted", "by_phase")},
+                                                "over_hits": summary["key_coverage"]["oracle"]["over_hits"]}))
+    assert run.returncode == 1 and summary["verdict"] == "fail", summary["reason"]
+    assert sentinel["foreign"] > 0 and "life" in sentinel["by_phase"] and sentinel["shifted"] > 0
+    assert "b11434-fault-reuse-match-overrun@llamacpp-local:reuse-match-overrun" in summary["signature"]

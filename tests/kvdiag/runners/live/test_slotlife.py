@@ -175,9 +175,11 @@ def test_chunk_reuse_is_driven_only_where_the_server_reuses_chunks_and_has_no_tw
     for c, (pasted, x) in enumerate(zip(reuse[::2], reuse[1::2])):
         q, last = len(sessions[c][-1]) // 4, sessions[c][-1]
         assert x.of == pasted.j and pasted.twinned and not x.twinned  # no ground truth from scratch
-        assert x.ids[:q] == tuple(last[:q]) and x.ids[-(len(last) - q):] == tuple(last[q:])
+        assert x.ids[:q] == tuple(last[:q]) and x.ids[-(len(last) - q) - LEAD:-LEAD] == tuple(last[q:])
         head = q + LEAD  # both begin alike, then the pasted one has a span as long as q
-        assert pasted.ids[:head] == x.ids[:head] and pasted.ids[head + q:] == x.ids[head:]
+        assert pasted.ids[:head] == x.ids[:head] and pasted.ids[head + q:] == x.ids[head:-LEAD]
+        # the chunk ends before the prompt does: past it, the prompt has words the slot lacks
+        assert x.ids[-LEAD:] != pasted.ids[-LEAD:]
         assert pasted.ids[head:head + q] != x.ids[head:head + q]
         assert x.ids not in sent and pasted.ids not in sent  # neither restored from an earlier round
     long = max(len(s[-1]) for s in sessions)
