@@ -4,8 +4,9 @@ a recompile of the files it touches), probed in natural style on SmolLM2's GGUF 
 llamacpp-local:FAULT`: each FAILs, exit 1, and the verdict names its binary's fault; the
 key-coverage plant by over-hits, each lifecycle plant at its event, by kvdiag's sentinel
 inside the server (every binary kvdiag builds carries it: sentinel.patch) and by its answers.
-The stock tree with the sentinel alone, and the plant written on the fixes
-(adapter-switch-keeps), are in test_llamacpp_fixes_live.py.
+The stock tree with the sentinel alone, the plant written on the fixes
+(adapter-switch-keeps), and reuse-match-overrun (the plant that checks how the sentinel
+judges moved cells, beside the stock row it must pass) are in test_llamacpp_fixes_live.py.
 
 Skipped without the build or the package; a CI rotation slot of its own (make
 test-llamacpp-live-plants)."""
