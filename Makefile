@@ -68,7 +68,7 @@ test-all: setup
 # after `make test`, as its 90-minute budget allows.
 test-slow: test-slow-commands test-slow-rest
 
-# test-slow in two halves (CI runs both in one rotation slot): the commands' end-to-end runs,
+# test-slow in two halves (CI runs them in rotation slots 6 and 3): the commands' end-to-end runs,
 # and the rest.
 SLOW := slow and not wheel and not vllm_live and not sglang_live and not llamacpp_live
 test-slow-commands: setup

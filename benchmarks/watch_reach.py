@@ -46,7 +46,7 @@ def _upstream(args, sentinel: Path):
         return
     extra = ("--model", args.model, "--dtype", "float32") if args.model else ()
     with served("--allocator", args.allocator, "--num-blocks", str(args.num_blocks),
-                "--max-num-seqs", "16", "--max-model-len", "2048", "--sentinel", str(sentinel),
+                "--max-num-seqs", "16", "--max-model-len", str(args.max_model_len), "--sentinel", str(sentinel),
                 *extra, timeout=600) as (upstream, _):
         yield upstream
 
@@ -61,6 +61,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--num-blocks", type=int, default=160)
     ap.add_argument("--sample", type=float, default=1.0)
+    ap.add_argument("--max-model-len", type=int, default=2048,
+                    help="kvdiag serve's context (a longer conversation is refused with a 400)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     with TemporaryDirectory() as tmp:
@@ -83,7 +85,8 @@ def main() -> None:
         watch = read_watch(path)
     reached, departed = watch.total("reached"), watch.total("departures")
     print(f"{args.engine} {args.allocator} on {args.model or 'the canary'}: {traffic.requests} requests "
-          f"({traffic.failed} failed) from {args.clients} clients x {args.rounds} rounds in {wall:.0f} s")
+          f"({traffic.failed} failed{f': {traffic.errors}' if traffic.failed else ''}) from "
+          f"{args.clients} clients x {args.rounds} rounds in {wall:.0f} s")
     print(f"sentinel (inside the server): {block.foreign} foreign, {block.unwritten} unwritten slot "
           f"reads in {len(block.findings)} findings, over {block.reads} reads checked")
     print(f"watch: {watch.counted('over_hit')} over-hits in {watch.total('judged')} judged requests; "

@@ -48,6 +48,11 @@ def watch(
         "llama-server, else salt).")] = "auto",
     seed: Annotated[int | None, typer.Option("--seed", show_default=False,
                                              help="Seed of the sampler.")] = None,
+    tokenizer: Annotated[Path | None, typer.Option(
+        "--tokenizer", show_default=False, help="The served model's directory (its Hugging Face "
+        "tokenizer and chat template): prompts are tokenized in the proxy, and the upstream is "
+        "not asked /tokenize once per request. Counts that differ from the server's usage are "
+        "left unjudged.")] = None,
 ) -> None:
     """Check a running server's prefix cache on its own traffic: a reverse proxy that relays
     every request unchanged and, beside the traffic, holds each reported cached-token count
@@ -67,7 +72,12 @@ def watch(
         raise KvdiagError("--upstream URL is required (the server to watch); see kvdiag watch --help")
     settings = WatchSettings.parse(upstream, listen, file=str(file), sample=sample, budget=budget,
                                    window=window, warmup=warmup, pool_tokens=pool_tokens,
-                                   index_tokens=index_tokens, isolation=isolation, seed=seed)
+                                   index_tokens=index_tokens, isolation=isolation, seed=seed,
+                                   tokenizer=str(tokenizer) if tokenizer else None)
+    if tokenizer is not None:
+        from kvdiag.watch.tokens import check_tokenizer
+
+        check_tokenizer(tokenizer)
     sock = claim_port(settings.host, settings.port)
     try:
         serve(settings, sock, say=Output().info)

@@ -53,8 +53,9 @@ class SentinelBlock(BaseModel):
                               "kind); empty where the engine has one table per request")
     zeroed: int = Field(0, description="blocks the workers zeroed before a step")
     copies: int = Field(0, description="copy-on-write block copies it applied")
-    shifted: int = Field(0, description="reads of KV cells llama.cpp's --cache-reuse moved, counted and "
-                         "not judged: their K/V were computed after other tokens, by design")
+    shifted: int = Field(0, description="reads of KV cells llama.cpp's --cache-reuse moved, each judged "
+                         "by the token its cell was written for, not by its prefix (its K/V were "
+                         "computed after other tokens, by design)")
     attention: bool = Field(False, description="whether it weighed the attention each sampled "
                             "token paid to slots read wrong, every one (the rounds' attention_leakage)")
     leaked: int = Field(0, description="requests whose sampled tokens paid attention to slots "
@@ -74,6 +75,10 @@ class SentinelBlock(BaseModel):
     findings_total: int = 0
     rounds: list[SentinelRound] = Field(default_factory=list)
     trusts: str = TRUSTS
+    unseen: list[str] = Field(default_factory=list, description="orders this engine version "
+                              "hands its workers none of (a vLLM without preempted requests, "
+                              "zeroed blocks or copy-on-write copies in its scheduler output), "
+                              "so the sentinel cannot follow those events")
 
     @property
     def bad(self) -> int:

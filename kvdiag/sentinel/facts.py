@@ -65,6 +65,6 @@ class Counters:
     overwrite: int = 0
     zeroed: int = 0  # blocks the workers zeroed before a step (unwritten again)
     copies: int = 0  # copy-on-write block copies applied
-    shifted: int = 0  # reads of cells llama.cpp's --cache-reuse moved (approximate by design): not judged
+    shifted: int = 0  # reads of cells llama.cpp's --cache-reuse moved: judged by their token, not prefix
     seconds: float = 0.0  # spent checking, in the engine's own process (the sentinel's cost)
     weighing: float = 0.0  # spent weighing attention for leakage, where the forward pass runs

@@ -65,12 +65,15 @@ def sentinel_covered(block) -> str:
         return ""
     unchecked = f", {block.unchecked} request-steps unchecked" if block.unchecked else ""
     unchecked += f", {block.copies} copy-on-write copies followed" if block.copies else ""
-    unchecked += (f", {block.shifted} reads of cells a chunk reuse moved not judged (their K/V were "
-                  "computed after other tokens, by design)" if block.shifted else "")
+    unchecked += (f", {block.shifted} reads of cells a chunk reuse moved judged by their token, "
+                  "not their prefix (their K/V were computed after other tokens, by design)"
+                  if block.shifted else "")
     groups = f" in {len(block.groups)} KV cache groups ({', '.join(block.groups)})" \
         if len(block.groups) > 1 else ""
+    unseen = (f"; this {block.engine} hands its workers no {', '.join(block.unseen)}, so it "
+              "could not follow those" if block.unseen else "")
     return (f"; sentinel: {block.steps} steps, {block.requests} requests, {block.reads} KV slot "
-            f"reads checked{groups}, 0 foreign, 0 unwritten{unchecked} ({block.trusts})")
+            f"reads checked{groups}, 0 foreign, 0 unwritten{unchecked} ({block.trusts}{unseen})")
 
 
 def judge_sentinel(block) -> Judgement:

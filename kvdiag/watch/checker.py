@@ -1,7 +1,8 @@
 """The checks beside the traffic. The proxy only queues events (a request sent, a request done,
 a cache reset) and returns; one task here takes them in order, in batches:
 
-    1. tokenize every `sent` prompt of the batch at the upstream (kvdiag.watch.tokens), concurrently
+    1. tokenize every `sent` prompt of the batch at the upstream (kvdiag.watch.tokens), concurrently,
+       or here with --tokenizer
     2. apply the batch in order: sent -> index.sent; done -> bound, judged; reset -> clear
     3. hand sampled completions to the twins, which run on their own (kvdiag.watch.twins)
 
@@ -29,7 +30,7 @@ from kvdiag.watch.index import PrefixIndex
 from kvdiag.watch.log import WatchLog
 from kvdiag.watch.metrics import WatchMetrics
 from kvdiag.watch.stats import Windows, namespace_label
-from kvdiag.watch.tokens import PROTOCOLS, prompt_ids
+from kvdiag.watch.tokens import PROTOCOLS, LocalTokenizer, prompt_ids
 from kvdiag.watch.twins import Sampler, Twin, Twins
 
 QUEUE, BATCH, TOKENIZE_CONCURRENCY = 100_000, 256, 8
@@ -39,8 +40,10 @@ class Checker:
     def __init__(self, tokenizer: httpx.AsyncClient, index: PrefixIndex, twins: Twins | None,
                  sampler: Sampler, log: WatchLog, metrics: WatchMetrics, *,
                  window: float = 300.0, warmup: float = 600.0, pool_tokens: int = 0,
-                 rule: HitRule = HitRule(1, False), shape: str = "openai") -> None:
+                 rule: HitRule = HitRule(1, False), shape: str = "openai",
+                 local: LocalTokenizer | None = None) -> None:
         self.tokenizer, self.index, self.twins, self.sampler = tokenizer, index, twins, sampler
+        self.local = local  # --tokenizer: ids made here, the upstream asked nothing
         self.log, self.metrics, self.rule, self.shape = log, metrics, rule, shape
         self.warmup, self.pool_tokens = warmup, pool_tokens
         self.queue: asyncio.Queue = asyncio.Queue(QUEUE)
@@ -90,6 +93,9 @@ class Checker:
             self.log.write(record)
 
     async def _tokenize(self, exchanges: list[Exchange]) -> dict[int, tuple[int, ...] | None]:
+        if self.local is not None:  # in a thread: the relay's event loop is never held
+            found = await asyncio.to_thread(lambda: [self.local.ids(ex) for ex in exchanges])
+            return {id(ex): f for ex, f in zip(exchanges, found)}
         gate = asyncio.Semaphore(TOKENIZE_CONCURRENCY)
 
         async def one(ex: Exchange):
@@ -167,7 +173,7 @@ class Checker:
         if kind != "ok":
             self.metrics.over_hits.inc(kind == "over_hit")
             self.log.write({"type": "finding", "kind": kind, "time": ex.done,
-                            "request": ex.request_id, "namespace": namespace_label(ex.namespace),
+                            "lag": round(time.time() - ex.done, 3), "request": ex.request_id, "namespace": namespace_label(ex.namespace),
                             "prompt_tokens": len(req.ids), "cached": ex.cached, "bound": bound})
         return kind
 
@@ -193,8 +199,9 @@ class Checker:
             self.metrics.reached.inc()
         if twin.reached and twin.label == "corruption":
             self.metrics.departures.inc()
-            self.log.write({"type": "finding", "kind": "departure", "time": twin.at,
-                            "request": twin.request_id, "round": twin.rounds,
+            done = twin.done or twin.at
+            self.log.write({"type": "finding", "kind": "departure", "time": done,
+                            "lag": round(twin.at - done, 3), "request": twin.request_id, "round": twin.rounds,
                             "namespace": namespace_label(twin.namespace),
                             "margin": _finite(twin.margin), "distance": twin.distance})
 

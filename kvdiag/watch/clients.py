@@ -24,6 +24,7 @@ class Traffic:
     streamed: int = 0
     failed: int = 0
     latencies: list[float] = field(default_factory=list)  # seconds per request, to the last byte
+    errors: dict[str, int] = field(default_factory=dict)  # failed requests by what failed
 
 
 def _words(rng: random.Random, n: int) -> str:
@@ -48,8 +49,10 @@ async def _ask(client: httpx.AsyncClient, body: dict, traffic: Traffic) -> str |
                             parts.append((choice.get("delta") or {}).get("content") or "")
             text = "".join(parts)
             traffic.streamed += 1
-    except (httpx.HTTPError, ValueError, KeyError, IndexError):
+    except (httpx.HTTPError, ValueError, KeyError, IndexError) as e:
         traffic.failed += 1
+        what = f"HTTP {e.response.status_code}" if isinstance(e, httpx.HTTPStatusError) else type(e).__name__
+        traffic.errors[what] = traffic.errors.get(what, 0) + 1
         return None
     traffic.requests += 1
     traffic.latencies.append(time.perf_counter() - start)

@@ -3,8 +3,9 @@ already found). No prompt or answer text is ever written: requests are named by 
 X-Request-Id, namespaces by kvdiag.watch.stats.namespace_label.
 
     {"type": "start", "upstream", "sample", "budget", "time", ...}   once per proxy start
-    {"type": "finding", "kind", "time", "request", "namespace", ...}   over_hit | warmup |
-                                                                      departure
+    {"type": "finding", "kind", "time", "lag", "request", "namespace", ...}   over_hit |
+                                   warmup | departure; `time`: when the request ended, `lag`:
+                                   seconds from then until the finding was written
     {"type": "window", "start", "end", "all": Tally, "namespaces"}    every --window seconds
 """
 

@@ -70,14 +70,15 @@ faults such traffic can show.</p>
 {% for name, row in spaces %}<tr><td>{{ name }}</td>{% for v in row %}<td>{{ v }}</td>{% endfor %}</tr>
 {% endfor %}</table>
 <h2>Findings ({{ findings|length }})</h2>
-<table class="data"><tr><th>kind</th><th>time</th><th>request</th><th>namespace</th>
+<table class="data"><tr><th>kind</th><th>time</th><th>found after</th><th>request</th><th>namespace</th>
 <th>prompt tokens</th><th>cached</th><th>bound</th><th>round</th><th>margin</th><th>top-k shift</th></tr>
 {% for f in findings %}<tr><td class="{{ 'watch' if f.kind == 'warmup' else 'fail' }}">{{ f.kind }}</td>
-<td>{{ '%.1f'|format(f.time) }}</td><td>{{ f.request or '-' }}</td><td>{{ f.namespace }}</td>
+<td>{{ '%.1f'|format(f.time) }}</td>
+<td>{{ '%.1f s'|format(f.lag) if f.lag is defined and f.lag is not none else '-' }}</td><td>{{ f.request or '-' }}</td><td>{{ f.namespace }}</td>
 <td>{{ f.prompt_tokens or '-' }}</td><td>{{ f.get('cached', '-') }}</td>
 <td>{{ f.get('bound', '-') }}</td><td>{{ f.get('round', '-') }}</td>
 <td>{{ '%.3f'|format(f.margin) if f.margin is defined and f.margin is not none else '-' }}</td>
 <td>{{ '%.3f'|format(f.distance) if f.distance is defined and f.distance is not none else '-' }}</td></tr>
-{% else %}<tr><td colspan="10" class="na">none</td></tr>{% endfor %}</table>
+{% else %}<tr><td colspan="11" class="na">none</td></tr>{% endfor %}</table>
 </body></html>
 """

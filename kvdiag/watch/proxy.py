@@ -27,6 +27,12 @@ from kvdiag.watch.checker import Checker
 from kvdiag.watch.exchange import Exchange
 from kvdiag.watch.metrics import PATH as METRICS_PATH
 
+# A pooled connection the upstream closed as the proxy reused it (its keep-alive timeout, 5 s
+# in uvicorn, vLLM, SGLang and llama-server, against the pool's own expiry): the request fails
+# before any byte of an answer, and is sent once more. The pool's expiry is kept shorter than
+# theirs (run.py), which makes this rare: 1 of about 950 streamed requests in a run of
+# benchmarks/watch_cost.py before it, a 502 the client saw.
+STALE = (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError)
 HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
        "trailer", "transfer-encoding", "upgrade", "host", "content-length"}
 
@@ -35,8 +41,11 @@ def _headers(items, keep: tuple[str, ...] = ()) -> list[tuple[str, str]]:
     return [(k, v) for k, v in items if k.lower() not in HOP or k.lower() in keep]
 
 
-def build_app(upstream: httpx.AsyncClient, checker: Checker, status) -> Starlette:
-    """`upstream`: a client whose base_url is the upstream; `status()`: the /kvdiag/status JSON."""
+def build_app(upstream: httpx.AsyncClient, checker: Checker, status,
+              failures: dict[str, int] | None = None) -> Starlette:
+    """`upstream`: a client whose base_url is the upstream; `status()`: the /kvdiag/status JSON;
+    `failures`: counted here, by what failed, where the upstream could not be reached (a 502)."""
+    failures = {} if failures is None else failures
 
     def _unread(ex: Exchange, status: int) -> None:
         """A request indexed at send whose answer is not read: done, never judged (it stays in
@@ -58,8 +67,12 @@ def build_app(upstream: httpx.AsyncClient, checker: Checker, status) -> Starlett
             # as an over-hit)
             checker.event("sent", ex)
         try:
-            response = await upstream.send(outgoing, stream=True)
+            try:
+                response = await upstream.send(outgoing, stream=True)
+            except STALE:  # once more, on a fresh connection: see STALE
+                response = await upstream.send(outgoing, stream=True)
         except httpx.HTTPError as e:
+            failures[type(e).__name__] = failures.get(type(e).__name__, 0) + 1
             if ex is not None:
                 _unread(ex, 502)
             return JSONResponse({"error": {"message": f"kvdiag watch: the upstream is unreachable "

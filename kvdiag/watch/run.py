@@ -33,6 +33,7 @@ class WatchSettings:
     index_tokens: int = 2_000_000  # prompt tokens held per namespace
     isolation: str = "auto"  # salt | cache_prompt (llama.cpp) | auto: by the upstream
     seed: int | None = None
+    tokenizer: str | None = None  # a model directory: prompts tokenized here, not at the upstream
 
     @classmethod
     def parse(cls, upstream: str, listen: str, **kw) -> WatchSettings:
@@ -92,27 +93,33 @@ def serve(settings: WatchSettings, sock: socket.socket, say=print) -> None:
     from kvdiag.watch.log import WatchLog
     from kvdiag.watch.metrics import WatchMetrics
     from kvdiag.watch.proxy import build_app
-    from kvdiag.watch.tokens import PROTOCOLS, detect
+    from kvdiag.watch.tokens import PROTOCOLS, LocalTokenizer, detect
     from kvdiag.watch.twins import Sampler, Twins
 
     pool = settings.pool_tokens if settings.pool_tokens is not None else pool_tokens(settings.upstream)
     log = WatchLog(settings.file)
     started = time.time()
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=512)
+    # idle connections dropped before the upstream's own keep-alive timeout (5 s in uvicorn,
+    # vLLM, SGLang and llama-server) can close them under a request (proxy.STALE)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=512, keepalive_expiry=2.0)
     upstream = httpx.AsyncClient(base_url=settings.upstream, timeout=httpx.Timeout(None, connect=10),
                                  limits=limits)
     tokenizer = httpx.AsyncClient(base_url=settings.upstream, timeout=60)
+    local = LocalTokenizer(settings.tokenizer) if settings.tokenizer else None
     endpoint = Endpoint(settings.upstream, "", timeout=120.0, retries=1)
     twins = Twins(endpoint, "salt") if settings.sample > 0 else None
     checker = Checker(tokenizer, PrefixIndex(settings.index_tokens), twins,
                       Sampler(settings.sample, settings.budget, settings.seed), log, WatchMetrics(),
-                      window=settings.window, warmup=settings.warmup, pool_tokens=pool)
+                      window=settings.window, warmup=settings.warmup, pool_tokens=pool, local=local)
+
+    failures: dict[str, int] = {}
 
     def status() -> dict:
         idx = checker.index
         return {"upstream": settings.upstream, "since": started, "warming": checker.warming,
                 "pool_tokens": pool, "computed_since_warm": checker.computed,
                 "queue": checker.queue.qsize(), "dropped": checker.dropped,
+                "unreachable": failures,  # 502s the proxy answered, by what failed
                 "in_flight": len(idx.inflight), "twins_running": len(checker.tasks),
                 "index": {"namespaces": len(idx.spaces), "tokens": idx.tokens,
                           "evicted": idx.evicted, "forgotten_entries": len(idx.lost)},
@@ -133,7 +140,8 @@ def serve(settings: WatchSettings, sock: socket.socket, say=print) -> None:
                   | {"shape": checker.shape, "isolation": isolation})
         task = asyncio.get_running_loop().create_task(checker.run())
         say(f"kvdiag watch: {settings.host}:{settings.port} -> {settings.upstream} ({checker.shape}, "
-            f"twins isolated by {isolation}); findings and "
+            f"twins isolated by {isolation}"
+            + (f", prompts tokenized here by {local.path}" if local else "") + "); findings and "
             f"windows in {settings.file}; metrics at /kvdiag/metrics"
             + (f"; warming up for {settings.warmup:.0f} s and {pool} computed tokens" if pool
                else f"; warming up for {settings.warmup:.0f} s"))
@@ -149,7 +157,7 @@ def serve(settings: WatchSettings, sock: socket.socket, say=print) -> None:
             log.close()
             await upstream.aclose(), await tokenizer.aclose(), await endpoint.aclose()
 
-    app = build_app(upstream, checker, status)
+    app = build_app(upstream, checker, status, failures)
     app.router.lifespan_context = lifespan
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30)
     uvicorn.Server(config).run(sockets=[sock])

@@ -48,7 +48,8 @@ class Twin:
     label: str
     margin: float
     distance: float | None
-    at: float
+    at: float  # when it was judged
+    done: float = 0.0  # when the client's request ended (the proxy relayed its last byte)
 
 
 class Sampler:
@@ -120,14 +121,14 @@ class Twins:
                 return None
         if iso.cached_tokens:  # the switch that isolates it did not: no ground truth here
             return Twin(ex.request_id, ex.namespace, ex.rounds, False, "contaminated",
-                        float("nan"), None, time.time())
+                        float("nan"), None, time.time(), ex.done)
         a, b = _row(iso), _row(shared)
         i = divergence(a["tokens"], b["tokens"])
         margin = float("nan") if i is None else margin_at(a, b["tokens"], i)
         distance = topk_distance(a, b)
         label = twin_departed(margin, distance, list(self.floor_margins), list(self.floor_distances))
         return Twin(ex.request_id, ex.namespace, ex.rounds, bool(shared.cached_tokens), label,
-                    margin, distance, time.time())
+                    margin, distance, time.time(), ex.done)
 
     def _floor(self, a: dict, b: dict) -> None:
         self.floor_pairs += 1

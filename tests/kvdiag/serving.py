@@ -42,11 +42,11 @@ def wait_up(proc: subprocess.Popen, url: str, what: str, timeout: float) -> None
 
 @contextmanager
 def running(argv, health: str, what: str, timeout: float, *, env: dict[str, str] | None = None,
-            output: bool = True, stop_wait: float = 10.0):
-    """`argv(port)` as a subprocess on a free port, once GET `health` answers 200: (its URL,
-    the process). Its output is kept for the error when it exits early (`output`), else
-    dropped. Terminated on the way out, killed after `stop_wait` seconds."""
-    port = free_port()
+            output: bool = True, stop_wait: float = 10.0, port: int | None = None):
+    """`argv(port)` as a subprocess on `port` (else a free one), once GET `health` answers
+    200: (its URL, the process). Its output is kept for the error when it exits early
+    (`output`), else dropped. Terminated on the way out, killed after `stop_wait` seconds."""
+    port = port or free_port()
     sink = subprocess.PIPE if output else subprocess.DEVNULL
     proc = subprocess.Popen(argv(port), stdout=sink, stderr=subprocess.STDOUT if output else sink,
                             text=True, env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
@@ -63,9 +63,10 @@ def running(argv, health: str, what: str, timeout: float, *, env: dict[str, str]
 
 
 @contextmanager
-def served(*args: str, timeout: float = 120.0, env: dict[str, str] | None = None):
+def served(*args: str, timeout: float = 120.0, env: dict[str, str] | None = None,
+           port: int | None = None):
     with running(lambda port: [sys.executable, "-m", "kvdiag", "serve", "--port", str(port), *args],
-                 "/health", "kvdiag serve", timeout, env=env) as up:
+                 "/health", "kvdiag serve", timeout, env=env, port=port) as up:
         yield up
 
 

@@ -48,8 +48,15 @@ NEEDED = {
 }
 
 
-def check_version() -> None:
-    """RuntimeError naming vLLM's version when its scheduler output lacks what is read."""
+# read where the version has them: a vLLM without one hands the workers no such order (zeroing
+# came with 0.17.1's fix), so the sentinel cannot see that event, and every PASS says so
+OPTIONAL = {"preempted_req_ids": "preempted requests", "new_block_ids_to_zero": "zeroed blocks",
+            "kv_cache_block_copies": "copy-on-write copies"}
+
+
+def check_version() -> list[str]:
+    """What of OPTIONAL this vLLM's scheduler output does not hand over; RuntimeError naming
+    vLLM's version when it lacks what is read."""
     import vllm
     from vllm.v1.core.sched import output
 
@@ -63,6 +70,8 @@ def check_version() -> None:
     if missing:
         raise RuntimeError(f"kvdiag sentinel: vLLM {vllm.__version__}'s scheduler output lacks "
                            f"{', '.join(missing)}: refusing to run a sentinel that cannot see")
+    have = {f.name for f in dataclasses.fields(output.SchedulerOutput)}
+    return [f"{what} ({name})" for name, what in OPTIONAL.items() if name not in have]
 
 
 def attention_groups(scheduler) -> list[tuple[int, int | None] | None]:
@@ -111,6 +120,7 @@ class VllmSentinel:
         self.step_no = 0
         self.leakage: Leakage | None = None  # where the worker hands over attention
         self.weighing = 0.0  # the worker's seconds weighing it, as it last said
+        self.unseen: list[str] = []  # what this vLLM does not hand over (check_version)
 
     def _start(self, scheduler, attention: bool) -> None:
         vllm = sys.modules.get("vllm")  # the engine's own process has it (a test may not)
@@ -119,6 +129,7 @@ class VllmSentinel:
         attention = attention and len(followed) == 1
         self.log = SentinelLog(self.path, {
             "engine": "vllm", "version": getattr(vllm, "__version__", None), "attention": attention,
+            "unseen": self.unseen,
             "block_size": followed[0][0] if followed else None,
             "groups": [None if g is None else {"block_size": g[0], "window": g[1]} for g in groups]})
         # one store when the groups' slots line up (vLLM gives a hybrid model's attention
@@ -259,12 +270,13 @@ class VllmSentinel:
 def install(path: str):
     """Hook a sentinel writing to `path` into this process's vLLM scheduler; returns undo().
     RuntimeError when this vLLM's scheduler output lacks what the sentinel reads."""
-    check_version()
+    unseen = check_version()
     from vllm.v1.core.sched.scheduler import Scheduler
 
     from kvdiag.engines.patching import both, swap_attr
 
     sentinel = VllmSentinel(path)
+    sentinel.unseen = unseen
     schedule, update, finish = (Scheduler.schedule, Scheduler.update_from_output,
                                 Scheduler.finish_requests)
 

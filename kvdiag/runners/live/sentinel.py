@@ -99,6 +99,7 @@ def observe(source: str | Path, since: int = 0, store=None,
         by_phase=dict(sorted(by_phase.items(), key=lambda kv: -kv[1])),
         isolated_bad=sum(n for phase, n in by_phase.items() if P.isolated(phase)),
         **({"trusts": head["trusts"]} if head.get("trusts") else {}),  # the engine's own account
+        unseen=sorted({u for s in report.starts for u in s.get("unseen") or ()}),
         leaked=len(report.leakage), leakage_unweighed=unweighed, leakage_largest=max(
             (leak for row in report.leakage.values() if (leak := _leak(row)) == leak), default=None),
         rounds=[SentinelRound(round=r, requests=len(v["requests"]), bad_reads=v["bad"],

@@ -26,6 +26,7 @@ import pytest
 from kvdiag.engines.vllm.launcher import VllmLocal, vllm_available
 from kvdiag.runners.live.sentinel import observe
 from kvdiag.watch.clients import run_clients
+from kvdiag.watch.log import read_watch
 from tests.kvdiag.watch.test_watch_e2e import settle, watch_metrics, watch_report, watching
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm_live,
@@ -82,3 +83,5 @@ def test_watch_twins_see_a_lifecycle_plant_in_real_vllm(smollm2, tmp_path, fault
         assert reached.foreign > 0, reached  # the traffic reached the plant's event
         assert m["kvdiag_watch_twin_departures_total"] > 0, m
         assert code == 1 and out["verdict"] == "fail", out
+        departed = [f for f in read_watch(path).findings if f["kind"] == "departure"]
+        assert departed and all(0 <= f["lag"] < 300 for f in departed)  # within 5 minutes

@@ -128,6 +128,29 @@ def test_a_vllm_whose_scheduler_output_lacks_a_field_is_refused_by_version(monke
     with pytest.raises(RuntimeError, match=r"vLLM 9\.9\.9.*SchedulerOutput\.num_scheduled_tokens"):
         check_version()
 
+    @dataclasses.dataclass
+    class Complete(SchedulerOutput):  # what is read, but no zeroing and no copy orders
+        num_scheduled_tokens: dict
+        preempted_req_ids: set
+
+    output.SchedulerOutput = Complete
+    assert check_version() == ["zeroed blocks (new_block_ids_to_zero)",
+                               "copy-on-write copies (kv_cache_block_copies)"]
+
+
+def test_a_pass_names_the_orders_this_vllm_does_not_hand_over(tmp_path):
+    """The start line's `unseen` reaches the summary's block and the PASS sentence."""
+    from kvdiag.runners.live.sentinel import observe
+    from kvdiag.verdicts.sentinel import sentinel_covered
+
+    a = request("a", range(10))
+    s = VllmSentinel(str(tmp_path / "s.jsonl"))
+    s.unseen = ["zeroed blocks (new_block_ids_to_zero)"]
+    run(s, Scheduler(a), output(new=[("a", [3, 5, 6], 0, 10)]))
+    block, _ = observe(tmp_path / "s.jsonl", 0)  # (waits out the counters' half second)
+    assert block.unseen == ["zeroed blocks (new_block_ids_to_zero)"] and block.reads == 10
+    assert "hands its workers no zeroed blocks (new_block_ids_to_zero)" in sentinel_covered(block)
+
 
 # a hybrid model's KV cache groups, as vLLM's kv_cache_config names their specs
 class FullAttentionSpec(NS):

@@ -87,12 +87,13 @@ def test_the_page_shows_every_kind_of_finding(tmp_path):
              "warmup": 0, "pool_tokens": 0, "isolation": "salt"},
             {"type": "finding", "kind": "over_hit", "time": 1.0, "request": "r1",
              "namespace": "m", "prompt_tokens": 40, "cached": 32, "bound": 16},
-            {"type": "finding", "kind": "departure", "time": 2.0, "request": "r2", "round": 3,
+            {"type": "finding", "kind": "departure", "time": 2.0, "lag": 7.25, "request": "r2", "round": 3,
              "namespace": "m", "margin": 4.5, "distance": None},
             {"type": "window", "start": 0.0, "end": 60.0, "all": t, "namespaces": {"m": t}}]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n{cut by a kil")
     html = render(read_watch(path))
     assert "r1" in html and "r2" in html and "4.500" in html and "FAIL" in html
+    assert "7.2 s" in html  # how long after its request a finding was written (an older file: -)
 
 
 def test_a_long_stream_is_read_in_bounded_memory():
@@ -107,3 +108,23 @@ def test_a_long_stream_is_read_in_bounded_memory():
     ex.feed(f"data: {json.dumps({'id': 'c1', 'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode())
     ex.finish(200, 1.0, complete=True)
     assert (ex.request_id, ex.completion_tokens, ex.cached) == ("c1", 20000, 4)
+
+
+def test_a_local_tokenizer_makes_the_ids_a_server_would_and_never_raises():
+    from transformers import AutoTokenizer
+
+    from kvdiag.watch.tokens import LocalTokenizer
+
+    local, tok = LocalTokenizer("fixtures/canary"), AutoTokenizer.from_pretrained("fixtures/canary")
+    messages = [{"role": "user", "content": "river stone"}]
+    chat = Exchange.of("/v1/chat/completions", _chat(), {}, 0.0)
+    want = tok.apply_chat_template(chat.prompt["messages"], add_generation_prompt=True, tokenize=True,
+                                   return_dict=False)
+    assert local.ids(chat) == tuple(want) and len(want) > 3
+    text = Exchange.of("/v1/completions", json.dumps({"model": "m", "prompt": "river stone"}).encode(), {}, 0.0)
+    assert local.ids(text) == tuple(tok.encode("river stone"))
+    ids = Exchange.of("/v1/completions", json.dumps({"model": "m", "prompt": [5, 6, 7]}).encode(), {}, 0.0)
+    assert local.ids(ids) == (5, 6, 7)
+    bad = Exchange.of("/v1/chat/completions", json.dumps(
+        {"model": "m", "messages": messages, "chat_template": "{{ raise_exception('no') }}"}).encode(), {}, 0.0)
+    assert local.ids(bad) is None  # unjudged, not a crash of the checker

@@ -2,7 +2,7 @@
 ordinary chat clients (kvdiag.watch.clients: a shared document, uneven turns, half of them
 streaming) through the proxy. The healthy cache is judged clean with nothing left out; a
 key-coverage fault shows as over-hits; bad input exits 2 at once; a cut stream and a
-killed upstream invent nothing."""
+killed upstream invent nothing, and the proxy judges again once the upstream is back."""
 
 import asyncio
 import json
@@ -120,10 +120,33 @@ def test_a_key_coverage_fault_shows_as_over_hits_on_ordinary_traffic(tmp_path):
     findings = [json.loads(line) for line in path.read_text().splitlines() if '"finding"' in line]
     over = [f for f in findings if f["kind"] == "over_hit"]
     assert over and all(f["cached"] > f["bound"] and f["request"] for f in over)
+    assert all(0 <= f["lag"] < 300 for f in over)  # each written within 5 minutes of its request
+
+
+def test_prompts_tokenized_in_the_proxy_are_judged_the_same(tmp_path):
+    """--tokenizer: the proxy makes the ids with the model's own tokenizer and template and
+    asks the upstream nothing; each count still equals the server's usage (so every request
+    is judged), a healthy cache shows nothing, and a key-coverage fault shows as over-hits."""
+    for allocator, concurrency in (("prefix-cache", None), ("key-omits:8-15", 1)):
+        path = tmp_path / f"{allocator}.jsonl"
+        with served("--allocator", allocator, *SERVE) as (upstream, _), \
+                watching(upstream, path, "--sample", "0", "--tokenizer", "fixtures/canary") as url:
+            traffic = asyncio.run(run_clients(url, "canary", clients=8, rounds=4,
+                                              concurrency=concurrency))
+            settle(url)
+            m = watch_metrics(url)
+        assert traffic.failed == 0 and m["kvdiag_watch_requests_total"] == 32
+        assert m["kvdiag_watch_judged_total"] >= 30  # the counts matched the server's usage
+        if allocator == "prefix-cache":
+            assert m["kvdiag_watch_over_hits_total"] == 0
+        else:
+            assert m["kvdiag_watch_over_hits_total"] > 0
+        assert read_watch(path).starts[0]["tokenizer"] == "fixtures/canary"
 
 
 @pytest.mark.parametrize("args, words", [
     (["--upstream", "ftp://example"], "http:// or https://"),
+    (["--upstream", "http://127.0.0.1:9", "--tokenizer", "docs"], "--tokenizer docs"),
     (["--upstream", "http://127.0.0.1:9", "--sample", "1.5"], "--sample"),
     (["--upstream", "http://127.0.0.1:9", "--listen", "nohost"], "--listen"),
 ])
@@ -164,5 +187,14 @@ def test_cut_streams_and_a_killed_upstream_invent_nothing(tmp_path):
         dead = httpx.post(url + "/v1/chat/completions", json=body | {"stream": False}, timeout=30)
         assert dead.status_code == 502
         m = watch_metrics(url)
-    assert m["kvdiag_watch_over_hits_total"] == 0 and m["kvdiag_watch_requests_total"] == 0
+        assert m["kvdiag_watch_over_hits_total"] == 0 and m["kvdiag_watch_requests_total"] == 0
+        # the upstream comes back on its address, its cache empty: the same proxy relays and
+        # judges again, and what it indexed before the restart invents no finding
+        with served(*SERVE, port=int(upstream.rsplit(":", 1)[1])):
+            back = asyncio.run(run_clients(url, "canary", clients=2, rounds=2))
+            settle(url)
+            m = watch_metrics(url)
+    assert back.failed == 0 and back.requests == 4
+    assert m["kvdiag_watch_requests_total"] == 4 and m["kvdiag_watch_judged_total"] >= 3
+    assert m["kvdiag_watch_over_hits_total"] == 0
     assert '"finding"' not in path.read_text()
