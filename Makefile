@@ -292,9 +292,10 @@ llamacpp-env: $(LLAMACPP_SERVER)
 #           rows, the chunk bound, the LoRA row, a GGUF that fails
 #   fixes   tests/kvdiag/engines/test_llamacpp_fixes_live.py: the fixes' binary (upstream's and
 #           kvdiag's adapter fix) and the plant written on it, built from the tree alone, and
-#           the stock tree with kvdiag's sentinel alone (--sentinel on), and the plant that
-#           checks the sentinel's judging of moved cells (reuse-match-overrun)
-#   plants  tests/kvdiag/engines/test_llamacpp_plants_live.py: each planted fault, its binary
+#           the stock tree with kvdiag's sentinel alone (--sentinel on), and the two chunk-reuse
+#           plants (reuse-match-overrun, reuse-keeps-span: the second moved here from plants at
+#           commit 243, whose slot measured 2,260 s alone on 2 cores)
+#   plants  tests/kvdiag/engines/test_llamacpp_plants_live.py: each other planted fault, its binary
 #           built from the tree on first use (the first about 10 min cold, then a recompile
 #           of the files its patch touches); no stock build needed
 # Every binary built from the tree carries kvdiag's sentinel (engines/llamacpp/sentinel.patch,

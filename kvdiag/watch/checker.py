@@ -173,7 +173,8 @@ class Checker:
         if kind != "ok":
             self.metrics.over_hits.inc(kind == "over_hit")
             self.log.write({"type": "finding", "kind": kind, "time": ex.done,
-                            "lag": round(time.time() - ex.done, 3), "request": ex.request_id, "namespace": namespace_label(ex.namespace),
+                            "lag": round(time.time() - ex.done, 3), "request": ex.request_id,
+                            "namespace": namespace_label(ex.namespace),
                             "prompt_tokens": len(req.ids), "cached": ex.cached, "bound": bound})
         return kind
 
@@ -201,7 +202,8 @@ class Checker:
             self.metrics.departures.inc()
             done = twin.done or twin.at
             self.log.write({"type": "finding", "kind": "departure", "time": done,
-                            "lag": round(twin.at - done, 3), "request": twin.request_id, "round": twin.rounds,
+                            "lag": round(twin.at - done, 3), "request": twin.request_id,
+                            "round": twin.rounds,
                             "namespace": namespace_label(twin.namespace),
                             "margin": _finite(twin.margin), "distance": twin.distance})
 

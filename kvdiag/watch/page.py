@@ -74,7 +74,8 @@ faults such traffic can show.</p>
 <th>prompt tokens</th><th>cached</th><th>bound</th><th>round</th><th>margin</th><th>top-k shift</th></tr>
 {% for f in findings %}<tr><td class="{{ 'watch' if f.kind == 'warmup' else 'fail' }}">{{ f.kind }}</td>
 <td>{{ '%.1f'|format(f.time) }}</td>
-<td>{{ '%.1f s'|format(f.lag) if f.lag is defined and f.lag is not none else '-' }}</td><td>{{ f.request or '-' }}</td><td>{{ f.namespace }}</td>
+<td>{{ '%.1f s'|format(f.lag) if f.lag is defined and f.lag is not none else '-' }}</td>
+<td>{{ f.request or '-' }}</td><td>{{ f.namespace }}</td>
 <td>{{ f.prompt_tokens or '-' }}</td><td>{{ f.get('cached', '-') }}</td>
 <td>{{ f.get('bound', '-') }}</td><td>{{ f.get('round', '-') }}</td>
 <td>{{ '%.3f'|format(f.margin) if f.margin is defined and f.margin is not none else '-' }}</td>

@@ -22,9 +22,7 @@ still checked. Every KV cache group of attention is followed, each by a ledger o
 one store of slots (a hybrid model's groups share the pool and its tensors): full attention
 reads the whole context, a sliding-window group the window a step's queries see, where the
 blocks before it are freed and a null block stands in. A group of another kind (a state
-space's, say) is counted as unchecked, never passed.
-
-    undo = install("reports/run/sentinel.jsonl")   # from kvdiag's vLLM plugin
+space's, say) is counted as unchecked, never passed. kvdiag's vLLM plugin calls install(path).
 """
 
 from __future__ import annotations
@@ -121,6 +119,7 @@ class VllmSentinel:
         self.leakage: Leakage | None = None  # where the worker hands over attention
         self.weighing = 0.0  # the worker's seconds weighing it, as it last said
         self.unseen: list[str] = []  # what this vLLM does not hand over (check_version)
+        self.cow: dict[int, int] = {}  # this step's copy-on-write copies: destination -> source
 
     def _start(self, scheduler, attention: bool) -> None:
         vllm = sys.modules.get("vllm")  # the engine's own process has it (a test may not)
@@ -177,9 +176,10 @@ class VllmSentinel:
         for block in getattr(output, "new_block_ids_to_zero", None) or ():
             for led in stores:
                 led.zero(block)
-        for copy in getattr(output, "kv_cache_block_copies", None) or ():
+        self.cow = {dst: src for src, dst in getattr(output, "kv_cache_block_copies", None) or ()}
+        for dst, src in self.cow.items():
             for led in stores:
-                led.copy(copy[0], copy[1])
+                led.copy(src, dst)
         items = []
         for new in output.scheduled_new_reqs:
             context = []
@@ -236,6 +236,8 @@ class VllmSentinel:
                 context.append(f"prefill chunk {k} ({computed}..{computed + new} of {prompt})")
         else:
             context.append("decode")
+        if cow := [b for g in groups for b in (g or ()) if b in self.cow]:  # ordered this step
+            context.append(f"copy-on-write target block {cow[0]} (copied from {self.cow[cow[0]]})")
         lora = getattr(request, "lora_request", None)
         namespace = namespace_of(getattr(request, "cache_salt", None),
                                  getattr(lora, "lora_name", None) if lora else None)

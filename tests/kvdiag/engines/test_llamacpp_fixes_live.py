@@ -10,7 +10,10 @@ recompile of the files each patch chain touches), probed in natural style on Smo
 - the stock tree with the sentinel alone (`--sentinel on`) reads nothing wrong with every
   event reached, chunk reuse included, and `reuse-match-overrun` (a chunk matched one token
   past where the prompts agree) fails by it: the cells a chunk reuse moves are judged by the
-  token each holds (the sentinel's own check, beside the stock row it must pass).
+  token each holds (the sentinel's own check, beside the stock row it must pass);
+- `reuse-keeps-span` (#12160's shape: the span a chunk is shifted over stays visible) fails by
+  the sentinel (here, not with the other plants, since commit 243: that slot measured 2,260 s
+  alone on 2 cores).
 
 The stock build's LoRA row (a FAIL) is in test_llamacpp_live.py. Skipped without the tree or
 the package; a CI rotation slot of its own (make test-llamacpp-live-fixes)."""
@@ -104,3 +107,18 @@ def test_a_chunk_matched_one_token_too_long_fails_by_the_sentinel(gguf, tmp_path
     assert run.returncode == 1 and summary["verdict"] == "fail", summary["reason"]
     assert sentinel["foreign"] > 0 and "life" in sentinel["by_phase"] and sentinel["shifted"] > 0
     assert "b11434-fault-reuse-match-overrun@llamacpp-local:reuse-match-overrun" in summary["signature"]
+
+
+def test_a_chunk_reuse_that_leaves_the_span_fails_by_the_sentinel(gguf, tmp_path):
+    """#12160's shape: the span a chunk is shifted over stays visible. The answers cannot
+    judge chunk reuse (the stock build's own depart from a twin computed from scratch), so its
+    requests have no twin; the sentinel sees the span's cells read at the chunk's positions."""
+    run, summary = probe("llamacpp-local:reuse-keeps-span", tmp_path / "p",
+                         f"--engine-arg=--cache-reuse {REUSE_CHUNK}")
+    assert summary is not None, run.stderr[-3000:]
+    assert {r["event"]: r["reached"] for r in summary["events"]}["chunk-reuse"], summary["events"]
+    sentinel = summary["sentinel"]
+    print("LLAMACPP-REUSE", json.dumps({k: sentinel[k] for k in ("foreign", "unwritten", "shifted", "by_phase")}))
+    assert run.returncode == 1 and summary["verdict"] == "fail", summary["reason"]
+    assert sentinel["foreign"] > 0 and "life" in sentinel["by_phase"]
+    assert summary["key_coverage"]["oracle"]["over_hits"] == 0

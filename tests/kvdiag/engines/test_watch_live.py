@@ -2,7 +2,9 @@
 ordinary multi-tenant chat traffic (kvdiag.watch.clients: tenants keep their caches apart by
 cache_salt and share one document): the healthy server's every reported count holds against
 the bound; with `salt-ignored` planted (the salt left out of the block key or the radix
-match, a key-coverage fault) the tenants' shared document shows up as over-hits. Slow; each
+match, a key-coverage fault) the tenants' shared document shows up as over-hits; the probe's
+own traffic and a user's sessions file through the watch find nothing on the healthy engine
+(neither the probe nor the watch). Slow; each
 engine's runs are in its own CI slot (their markers) and skipped without its env (`make
 vllm-cpu-env`, `make sglang-cpu-env`)."""
 
@@ -18,6 +20,7 @@ from tests.kvdiag.watch.test_watch_e2e import (
     assert_tenants_leak,
     tenants_through,
 )
+from tests.kvdiag.watch.test_watch_probe import assert_watched_clean, probe_through
 
 ENGINES = [
     pytest.param("vllm", marks=[pytest.mark.vllm_live, pytest.mark.skipif(
@@ -43,3 +46,13 @@ def test_a_healthy_engine_holds_every_count_against_the_bound(engine, tmp_path):
 @pytest.mark.parametrize("engine", ENGINES)
 def test_salt_ignored_shows_as_over_hits_across_tenants(engine, tmp_path):
     assert_tenants_leak(_watched(engine, tmp_path, "salt-ignored"))
+
+
+@pytest.mark.parametrize("traffic", ["suite", "sessions"])
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_probes_own_traffic_through_a_watch_finds_nothing(engine, traffic, tmp_path):
+    cls, kw = (VllmLocal, {"block_size": 32}) if engine == "vllm" else (SglangLocal, {})
+    with cls(CANARY, max_model_len=2048, served_model="canary",
+             log_path=tmp_path / f"{engine}.log", **kw) as server:
+        # the engine's default pool may never recycle: the probe may then be inconclusive
+        assert_watched_clean(*probe_through(server.base_url, tmp_path, traffic), probe_pass=False)

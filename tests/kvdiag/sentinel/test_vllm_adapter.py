@@ -72,6 +72,24 @@ def test_stale_progress_after_preemption_is_an_unwritten_read_in_the_resumed_eve
     assert f.kind == "unwritten" and f.positions == [(0, 11)] and "resumed after preemption" in f.context
 
 
+def test_a_copy_from_the_wrong_block_is_foreign_in_the_copy_on_write_event(tmp_path):
+    """A partial-block hit served through a copy the scheduler ordered from another
+    request's block: the reader's finding names the copy it read."""
+    def served(source: int) -> list:
+        a, c = request("a", range(8)), request("c", range(50, 58))
+        sched = Scheduler(a, request("b", [*range(6), 90, 91], prompt=8), c)
+        s, found = VllmSentinel(str(tmp_path / f"{source}.jsonl")), []
+        run(s, sched, output(new=[("a", [1, 2], 0, 8), ("c", [3, 4], 0, 8)]))
+        s.ledger.report = found.append
+        run(s, sched, output(new=[("b", [1, 5], 6, 2)], copies=[(source, 5)]))
+        return found
+
+    assert served(2) == []  # a's block 2: the same tokens at the same positions
+    (f,) = served(4)  # FAULT: c's block 4
+    assert f.kind == "foreign" and f.positions == [(4, 6)]
+    assert "copy-on-write target block 5 (copied from 4)" in f.context
+
+
 def test_a_zeroed_block_under_a_reader_and_a_finished_writer(tmp_path):
     a, b = request("a", range(8)), request("b", [*range(4), 7, 7, 7, 7])
     sched = Scheduler(a, b)

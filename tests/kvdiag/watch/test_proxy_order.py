@@ -7,6 +7,7 @@ In process: a stand-in upstream holds the first answer until the second is out."
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 from starlette.applications import Starlette
@@ -62,3 +63,32 @@ def test_a_request_is_in_the_index_before_a_later_one_that_ends_first():
     asyncio.run(run())
     order = [(kind, who) for kind, who in recorder.events]
     assert order.index(("sent", "first")) < order.index(("done", "second")), order
+
+
+def test_a_connection_the_upstream_closed_under_a_request_is_tried_once_more():
+    """A request that fails before any byte of its answer (ReadError: a pooled connection
+    the upstream's keep-alive timeout closed as it was reused) is sent once more and answered;
+    a second failure is the client's 502, counted by cause."""
+
+    async def run(fails: int) -> tuple[int, int, dict]:
+        tries = 0
+
+        async def send(request: httpx.Request) -> httpx.Response:
+            nonlocal tries
+            tries += 1
+            if tries <= fails:
+                raise httpx.ReadError("connection reset by peer", request=request)
+            return httpx.Response(200, headers={"content-type": "application/json"},
+                                  stream=httpx.ByteStream(json.dumps(ANSWER).encode()))
+
+        client = httpx.AsyncClient(transport=httpx.MockTransport(send), base_url="http://up")
+        failures: dict[str, int] = {}
+        app = build_app(client, Recorder(), lambda: {}, failures)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://watch") as c:
+            r = await c.post("/v1/chat/completions", json=body("one"))
+        await client.aclose()
+        return r.status_code, tries, failures
+
+    assert asyncio.run(run(0)) == (200, 1, {})
+    assert asyncio.run(run(1)) == (200, 2, {})
+    assert asyncio.run(run(2)) == (502, 2, {"ReadError": 1})
