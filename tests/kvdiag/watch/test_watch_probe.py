@@ -2,7 +2,9 @@
 suite, then a user's sessions file) against a healthy `kvdiag serve --allocator guarded`
 behind the proxy, the proxy's twins sampling beside it. Neither judge may see what is not
 there: the probe passes, and the watch counts 0 over-hits and 0 twin departures in traffic
-it did not write (resets, fresh salts per isolated request, cancels, token-id prompts)."""
+it did not write (resets, fresh salts per isolated request, cancels, token-id prompts).
+`probe_through` and `assert_watched_clean` serve the same check in front of real vLLM and
+SGLang (tests/kvdiag/engines/test_watch_live.py, their CI slots)."""
 
 from __future__ import annotations
 
