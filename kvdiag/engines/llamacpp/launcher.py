@@ -125,9 +125,10 @@ def llama_args(extra_args: tuple[str, ...]) -> list[str]:
 
 
 def flag_value(extra_args: tuple[str, ...], flag: str) -> str | None:
-    """The value of llama-server's `flag` among `extra_args` (`FLAG VALUE` or `FLAG=VALUE`);
-    None without it, "" where it ends the line."""
-    args = [a for arg in extra_args for a in arg.split("=", 1)] if extra_args else []
+    """The value of llama-server's `flag` among `extra_args` (`FLAG VALUE` or `FLAG=VALUE`),
+    read from the words llama-server is given (llama_args); None without it, "" where it ends
+    the line."""
+    args = llama_args(extra_args or ())
     for k, arg in enumerate(args):
         if arg == flag:
             return args[k + 1] if k + 1 < len(args) else ""
