@@ -125,7 +125,8 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, config.device)
         self.seq_states: dict[int, SeqState] = {}  # the backend's per-sequence state, by seq_id
         # watchers of every step from outside (kvdiag's sentinel): scheduled(out, zeroed)
-        # before the forward pass, finished(seq, cancelled) when a sequence leaves
+        # before the forward pass, finished(seq, cancelled) when a sequence leaves, reset()
+        # after the prefix cache reports itself reset
         self.observers: list = []
         log.info(PAGED_ATTENTION_LINE.format(block_size=config.block_size))
         if self.allocator.guarded:
@@ -155,6 +156,14 @@ class LLMEngine:
             self._forget(seq)
             for o in self.observers:
                 o.finished(seq, cancelled=True)
+
+    def reset_prefix_cache(self) -> bool:
+        """Empty the prefix cache: False (nothing done) while a request is unfinished."""
+        done = not self.has_unfinished() and self.allocator.reset_prefix_cache()
+        if done:
+            for o in self.observers:
+                o.reset()
+        return done
 
     def attention(self, seq: Sequence) -> list[dict]:
         """The attention records the backend kept for seq, one per sampled token (only with

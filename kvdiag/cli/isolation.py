@@ -49,6 +49,15 @@ def isolation(
                                            "max(AUC, 1 - AUC) reaches this as well.")] = 0.75,
     seed: Annotated[int | None, typer.Option("--seed", help="Replay a plan (secrets, salts, order); "
                                              "default: fresh each run.")] = None,
+    sentinel: Annotated[str | None, typer.Option("--sentinel", show_default=False, help="The file a "
+                                                 "sentinel inside the server writes "
+                                                 "(docs/sentinel.md): any read of K/V another "
+                                                 "prefix, salt or adapter wrote fails the audit, "
+                                                 "even where the tenants measure no leak. On by "
+                                                 "default for a --target kvdiag starts (reference, "
+                                                 "vllm-local, sglang-local; beside the server's "
+                                                 "log), 'off' off. For --base-url: the path or URL "
+                                                 "the server's sentinel writes to.")] = None,
     api_key: ApiKeyOpt = None,
     out_dir: OutOpt = None,
     history: Annotated[Path | None, typer.Option(
@@ -59,8 +68,10 @@ def isolation(
     """Audit tenant isolation of the prefix cache: a victim tenant plants secret prefixes, an
     attacker tenant probes correct vs wrong guesses (cached_tokens and time to first token),
     with no salt (exposure), per-tenant salts (judged) and one shared salt (positive control).
-    Exit 0: isolated; 1: leaks across salts (names the prefix length, AUC, cached tokens);
-    2: cannot tell (the positive control did not hit, endpoint down, bad input).
+    A sentinel inside a server kvdiag starts checks every KV read too.
+    Exit 0: isolated; 1: leaks across salts (names the prefix length, AUC, cached tokens) or
+    the sentinel saw a wrong read (names the request, positions, writer); 2: cannot tell (the
+    positive control did not hit, the sentinel checked nothing, endpoint down, bad input).
 
     Example: kvdiag isolation --base-url http://127.0.0.1:8000 --model canary --trials 8
     """
@@ -72,4 +83,5 @@ def isolation(
                          max_requests=max_requests, max_seconds=max_seconds, alpha=alpha,
                          min_auc=min_auc, seed=seed, adapter=adapter)
     out.finish(audit_target(base_url, target, model, api_key, plan, block_size=block_size,
-                            out_dir=out_dir, history=history, progress=out.progress, info=out.info))
+                            out_dir=out_dir, history=history, sentinel=sentinel,
+                            progress=out.progress, info=out.info))

@@ -119,8 +119,7 @@ def live_row(engine: EngineSpec, name: str, fault: Fault | None, suite: str, cas
             result = audit_target(None, target, None, None, IsolationPlan(adapter=adapter),
                                   out_dir=out / f"{name}-live", info=info)
         else:
-            settings = ProbeSettings(adapter=adapter,
-                                     isolation="reset" if mode == "probe-reset" else "auto")
+            settings = ProbeSettings(adapter=adapter)
             model, engine_args = None, ()
             if mode == "probe-mamba":  # hits inside a block: the Mamba hybrid, a smaller match unit
                 from kvdiag.canary.mamba_hybrid import build_mamba_hybrid
@@ -167,7 +166,7 @@ def _live_channels(s: ProbeSummary | IsolationSummary) -> str:
     """How a live run caught its fault (kvdiag.verdicts.detection): the isolation audit, or
     the probe's channels from the blocks its judge counted."""
     if isinstance(s, IsolationSummary):
-        return isolation_caught_by(s.verdict)
+        return isolation_caught_by(s.verdict, len(s.leaks), s.sentinel)
     return probe_caught_by(sentinel=s.sentinel, oracle=s.key_coverage.oracle,
                            corrupted_requests=s.corrupted_requests,
                            prompt_logprobs=s.prompt_logprobs, topk=s.topk,

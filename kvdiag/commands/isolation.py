@@ -20,16 +20,18 @@ from kvdiag.runners.live.isolation import IsolationResult, run_isolation
 from kvdiag.runners.live.isolation_plan import IsolationPlan
 from kvdiag.verdicts import Judgement, judge_isolation
 
+SENTINEL_FILE = "sentinel.jsonl"  # beside the server's log, where kvdiag starts the server
 ROW_COLUMNS = ["config", "length", "trial", "role", "ttft_s", "cached_tokens"]
 
 
 def audit_target(base_url: str | None, target: str | None, model: str | None,
                  api_key: str | None, plan: IsolationPlan, *, info=lambda _m: None,
-                 **options) -> RunResult:
+                 sentinel: str | None = None, **options) -> RunResult:
     """The audit of --base-url URL (--model: its served name), or of a --target that kvdiag
     starts for the audit and stops after it: reference:ALLOCATOR (`kvdiag serve`, serving
     the plan's adapter name too) or a local engine (--model: a model directory, default the
-    canary). `options`: as audit_isolation takes them."""
+    canary). `sentinel`: --sentinel's value (a sentinel inside the server: on by default where
+    kvdiag starts one). `options`: as audit_isolation takes them."""
     import tempfile
 
     from kvdiag.engines.local import adapter_dirs, live
@@ -43,38 +45,70 @@ def audit_target(base_url: str | None, target: str | None, model: str | None,
         raise KvdiagError("give --base-url URL --model NAME, or --target reference:ALLOCATOR / "
                           "vllm-local[:FAULT] / sglang-local[:FAULT]")
     spec = parse_target(target) if target else Target(check_url(base_url, "--base-url"), url=base_url)
+    watch = _sentinel_path(spec, sentinel)  # bad input: exit 2 before any server starts
     if spec.url is not None:
         if not model:
             raise KvdiagError(f"{spec.url}: --model NAME (as the server serves it) is required")
-        return audit_isolation(spec.url, model, api_key, plan, **options)
+        return audit_isolation(spec.url, model, api_key, plan, sentinel=watch, **options)
     model_dir = Path(model or CANARY)
     if not model_dir.is_dir():
         raise KvdiagError(f"--model {model_dir}: not a model directory")
     logs = Path(tempfile.mkdtemp(prefix="kvdiag-isolation-"))
     info(f"starting {spec.spec} (log in {logs}) ...")
+    if watch is True:
+        watch = logs / SENTINEL_FILE
     names = ("--lora-modules", plan.adapter) if plan.adapter else ()  # kvdiag serve: names only
+    if spec.is_reference and watch is not None:
+        names += ("--sentinel", str(watch))
     served_adapters = adapter_dirs(plan.adapter, model_dir) if spec.is_local else None
     with live(spec, None, None, model_dir, logs, serve_reference=True, serve_args=names,
-              adapters=served_adapters) as served:
-        return audit_isolation(served.url, served.model, api_key, plan,
+              adapters=served_adapters, sentinel=watch if spec.is_local else None) as served:
+        return audit_isolation(served.url, served.model, api_key, plan, sentinel=watch,
                                model_label=served.model_label, **options)
+
+
+def _sentinel_path(spec, given: str | None) -> Path | str | bool | None:
+    """Where the audit's sentinel writes, as the probe's --sentinel (kvdiag.commands.probe:
+    on by default for a local engine with one), and for `kvdiag serve` too, which the audit
+    starts over HTTP (reference:ALLOCATOR, whose --sentinel writes the same file)."""
+    from kvdiag.commands.probe import sentinel_path
+    from kvdiag.errors import KvdiagError
+    from kvdiag.sentinel.log import check_writable
+    from kvdiag.sentinel.serve import is_url
+
+    if not spec.is_reference or given == "off":
+        return sentinel_path(spec, given)
+    if given in (None, "on"):
+        return True
+    if is_url(given):
+        raise KvdiagError(f"--sentinel {given}: a server kvdiag starts writes its sentinel to a "
+                          "file (give a path); a URL is for a server somebody else runs")
+    try:
+        return check_writable(given)
+    except OSError as e:
+        raise KvdiagError(f"--sentinel {given}: {e.strerror or e}") from None
 
 
 def audit_isolation(base_url: str, model: str, api_key: str | None, plan: IsolationPlan, *,
                     block_size: int | None = None, out_dir: Path | None = None,
                     history: Path | None = None, model_label: str | None = None,
-                    progress=no_progress) -> RunResult:
+                    sentinel: Path | str | None = None, progress=no_progress) -> RunResult:
     """The audit of `base_url` in a finished run directory; `extra.isolation` holds what the
-    terminal renderer reads. `progress`: kvdiag.commands.lifecycle.no_progress's."""
+    terminal renderer reads. `sentinel`: the file (or URL) a sentinel inside the server
+    writes, read from where the audit begins and judged with the cells. `progress`:
+    kvdiag.commands.lifecycle.no_progress's."""
     import pandas as pd
 
     from kvdiag.commands.lifecycle import finish_run
     from kvdiag.record.rundir import RunDir, Timer, check_writable
     from kvdiag.regress import history as H
+    from kvdiag.runners.live.sentinel import observe
+    from kvdiag.sentinel.log import size_of
 
     timer = Timer()
     check_writable(history, "--history")
     ep = Endpoint(base_url, model, api_key, timeout=120.0, retries=2)
+    since = size_of(sentinel) if sentinel is not None else 0
     with RunDir.begin(out_dir, "isolation") as run:
         try:
             with progress("isolation") as update:
@@ -83,10 +117,12 @@ def audit_isolation(base_url: str, model: str, api_key: str | None, plan: Isolat
             label, who = model_label or ep.model_label(), ep.identity()
         finally:
             ep.sync.close()
-        verdict = judge_isolation(result.cells, result.plan, result.error)
+        watched = None if sentinel is None else observe(sentinel, since)[0]
+        verdict = judge_isolation(result.cells, result.plan, result.error, watched)
         summary = IsolationSummary(**isolation_fields(result, verdict, base_url=base_url,
                                                       model=model, model_label=label,
-                                                      engine=f"{who['name']}-{who['version']}"))
+                                                      engine=f"{who['name']}-{who['version']}"),
+                                   sentinel=watched)
         frame = pd.DataFrame(result.rows, columns=ROW_COLUMNS)
         done = finish_run(RunResult("isolation", frame, summary,
                                     extra=RunExtras(isolation=result, judgement=verdict)), run, timer)

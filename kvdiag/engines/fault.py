@@ -16,8 +16,6 @@ a run that catches it gives:
 
     probe               the live probe with its default traffic             fail
     probe-adapter       the probe with --adapter canary-lora                fail
-    probe-reset         the probe with --isolation reset (its fallback)     error: its ground
-                                                                            truth is unsound
     probe-mamba         the probe of the Mamba hybrid with --prefix-match-  fail
                         unit 16 (hits inside a block: copy-on-write)
     probe-reuse         the probe of a server started with --cache-reuse    fail
@@ -37,8 +35,7 @@ CORRUPTS_OUTPUT = "corrupts output"
 BREAKS_ISOLATION = "breaks isolation"
 BREAKS_GROUND_TRUTH = "breaks ground truth"
 EFFECTS = (CORRUPTS_OUTPUT, BREAKS_ISOLATION, BREAKS_GROUND_TRUTH)
-LIVE = ("probe", "probe-adapter", "probe-reset", "probe-mamba", "probe-reuse", "isolation",
-        "isolation-adapter")
+LIVE = ("probe", "probe-adapter", "probe-mamba", "probe-reuse", "isolation", "isolation-adapter")
 
 
 @dataclass(frozen=True)

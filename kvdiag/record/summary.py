@@ -221,7 +221,8 @@ class IsolationSummary(Summary):
     """kvdiag isolation: can one tenant tell another's prefix from the cache?"""
 
     ORDER = ("signature", "suite", "verdict", "reason", "target", "model", "rounds", "sqdr",
-             "brai", "requests", "leaks", "isolation")
+             "brai", "requests", "leaks", "isolation", "sentinel")
+    OMIT_NONE = frozenset({"sentinel"})
     kind: Literal["isolation"] = "isolation"
     target: str
     model: str
@@ -229,6 +230,8 @@ class IsolationSummary(Summary):
     leaks: list[IsolationLeak] = Field(description="the judged configurations' leaking cells")
     isolation: IsolationBlock = Field(description="the server facts, the plan and every "
                                       "judged cell (kvdiag.record.isolation_rows)")
+    sentinel: SentinelBlock | None = Field(None, description="what a sentinel inside the server "
+                                           "checked while the audit ran (kvdiag.sentinel)")
 
 
 class RegressReferenceSummary(ReproduceSummary):

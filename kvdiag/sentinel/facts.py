@@ -6,16 +6,21 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+
+import numpy as np
 
 MAX_RANGES = 8  # position ranges written per finding (the count covers all of them)
 
 
-def namespace_of(*parts: object) -> int:
+def namespace_of(*, salt: object = None, adapter: object = None, extra: object = None) -> int:
     """A fingerprint namespace for what keys K/V besides the tokens (a cache_salt, an
-    adapter): equal tokens under another namespace are another prefix. None parts are
-    dropped; no parts at all is namespace 0."""
-    given = [str(p) for p in parts if p is not None and p != ""]
+    adapter, an engine's other key, as SGLang's extra_key): equal tokens under another
+    namespace are another prefix. Each part is tagged with what it is, so a salt equal to an
+    adapter's name is still another namespace (the untagged join is vLLM #44701, the bug
+    `tags-dropped` plants). None and "" are dropped; none given is namespace 0."""
+    given = [f"{tag}={p}" for tag, p in (("salt", salt), ("adapter", adapter), ("extra", extra))
+             if p is not None and p != ""]
     if not given:
         return 0
     digest = hashlib.blake2b("\x1f".join(given).encode(), digest_size=8).digest()
@@ -68,3 +73,25 @@ class Counters:
     shifted: int = 0  # reads of cells llama.cpp's --cache-reuse moved: judged by their token, not prefix
     seconds: float = 0.0  # spent checking, in the engine's own process (the sentinel's cost)
     weighing: float = 0.0  # spent weighing attention for leakage, where the forward pass runs
+
+
+def ranges(positions: np.ndarray) -> list[tuple[int, int]]:
+    """Sorted positions as [start, end) runs, the first MAX_RANGES."""
+    if not len(positions):
+        return []
+    breaks = np.flatnonzero(np.diff(positions) != 1) + 1
+    starts = np.concatenate([[0], breaks])
+    ends = np.concatenate([breaks, [len(positions)]])
+    return [(int(positions[a]), int(positions[b - 1]) + 1)
+            for a, b in zip(starts[:MAX_RANGES], ends[:MAX_RANGES])]
+
+
+def merged(ledgers: Sequence, skipped: Counters) -> Counters:
+    """One model's counters over its groups' ledgers: steps once, everything else summed."""
+    total = Counters(steps=max((led.counters.steps for led in ledgers), default=0),
+                     unchecked=skipped.unchecked)
+    for led in ledgers:
+        for f in fields(Counters):
+            if f.name != "steps":
+                setattr(total, f.name, getattr(total, f.name) + getattr(led.counters, f.name))
+    return total

@@ -11,7 +11,8 @@ The ledger then does what a forward pass does, writes first, then reads:
            another prefix, is an `overwrite` finding.
     read   the slots of positions [0, computed + new) are compared with the request's own
            fingerprints: another prefix's is `foreign`; a slot no forward pass wrote since
-           the server started is `unwritten`.
+           the server started (or since the engine reported its prefix cache reset, or the
+           workers zeroed it) is `unwritten`.
 
     table [7, 2]  block_size 4   computed 5, new 1 (a decode step)
     positions  0 1 2 3 | 4 5       slot(i) = table[i // 4] * 4 + i % 4
@@ -43,7 +44,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from kvdiag.sentinel.facts import MAX_RANGES, Counters, Finding, Scheduled
+from kvdiag.sentinel.facts import Counters, Finding, Scheduled, ranges
 from kvdiag.sentinel.slots import Slots, stamp_of
 from reference_engine.provenance import UNWRITTEN, Fingerprints
 
@@ -59,17 +60,6 @@ class _Request:
         self.where: dict[int, int] = {}  # block id -> its index in the table
         self.computed = 0  # positions whose K/V this request has written or hit
         self.reported: np.ndarray | None = None  # bool per position, already in a finding
-
-
-def _ranges(positions: np.ndarray) -> list[tuple[int, int]]:
-    """Sorted positions as [start, end) runs, the first MAX_RANGES."""
-    if not len(positions):
-        return []
-    breaks = np.flatnonzero(np.diff(positions) != 1) + 1
-    starts = np.concatenate([[0], breaks])
-    ends = np.concatenate([breaks, [len(positions)]])
-    return [(int(positions[a]), int(positions[b - 1]) + 1)
-            for a, b in zip(starts[:MAX_RANGES], ends[:MAX_RANGES])]
 
 
 class Ledger:
@@ -89,6 +79,7 @@ class Ledger:
         self.window = window
         self.stamp = stamp_of(group)
         self.counters = Counters()
+        self.resets = 0  # prefix-cache resets followed (reset())
         self.store = slots if slots is not None else Slots()
         self.names, self.numbers, self.fate = self.store.names, self.store.numbers, self.store.fate
         self.live: dict[str, _Request] = {}
@@ -134,6 +125,22 @@ class Ledger:
         self.store.fp[block * bs:(block + 1) * bs] = UNWRITTEN
         self.store.writer[block * bs:(block + 1) * bs] = -1
         self.counters.zeroed += 1
+
+    def reset(self, others: Sequence[Ledger] = ()) -> None:
+        """The engine reports its prefix cache reset (emptied): K/V in a block no live request
+        maps may never be served again, so those slots read as `unwritten` until written
+        anew, their writer kept to be named, its fate said. `others`: the ledgers sharing
+        this one's store (a hybrid's other groups), whose live requests' blocks are kept too."""
+        keep = np.zeros(len(self.store.fp), dtype=bool)
+        for led in (self, *others):
+            for b in led.holders:
+                keep[b * led.block_size:(b + 1) * led.block_size] = True
+        forgot = ~keep & (self.store.fp != UNWRITTEN)
+        for n in np.unique(self.store.writer[forgot]).tolist():
+            if n >= 0:
+                self.fate[n] = "written before a prefix-cache reset"
+        self.store.fp[forgot] = UNWRITTEN
+        self.resets += 1  # not a Counters field: llama.cpp's C++ sentinel writes those, and has none
 
     def copy(self, src: int, dst: int) -> None:
         """Copy-on-write: the workers copy block `src` into `dst` before the forward pass."""
@@ -269,8 +276,11 @@ class Ledger:
         req.reported[start:end] |= bad
         unwritten = bad & (got == UNWRITTEN)
         foreign = bad & ~unwritten
-        if unwritten.any():
-            self._found("unwritten", item.rid, start + np.flatnonzero(unwritten), end, [], item.context, [])
+        if unwritten.any():  # never written, zeroed, or written before a reset (its writer named)
+            pos = start + np.flatnonzero(unwritten)
+            numbers = [n for n in dict.fromkeys(self.store.writer[req.slots[pos]].tolist()) if n >= 0][:3]
+            self._found("unwritten", item.rid, pos, end, [self.names[n] for n in numbers],
+                        item.context, [self._fate(n) for n in numbers])
         if foreign.any():
             pos = start + np.flatnonzero(foreign)
             numbers = list(dict.fromkeys(self.store.writer[req.slots[pos]].tolist()))[:3]
@@ -283,5 +293,5 @@ class Ledger:
     def _found(self, kind: str, rid: str, positions: np.ndarray, context_len: int,
                writers: list[str], context: tuple[str, ...], writer_context: list[str]) -> None:
         setattr(self.counters, kind, getattr(self.counters, kind) + len(positions))
-        self.report(Finding(kind, self.counters.steps, rid, _ranges(positions), len(positions),
+        self.report(Finding(kind, self.counters.steps, rid, ranges(positions), len(positions),
                             context_len, writers, list(context), writer_context))

@@ -49,11 +49,14 @@ class ReferenceSentinel:
                 context.append(f"after {seq.stats.preemptions} preemption(s)")
             items.append(Scheduled(request_name(seq), seq.block_table, seq.num_computed_tokens,
                                    s.num_tokens, seq.token_ids,
-                                   namespace_of(seq.cache_salt, seq.lora_name), tuple(context)))
+                                   namespace_of(salt=seq.cache_salt, adapter=seq.lora_name), tuple(context)))
         if items:
             ledger.step(items)
         if self.log is not None:
             self.log.counters(ledger.counters)
+
+    def reset(self) -> None:
+        self.ledger.reset()
 
     def finished(self, seq, cancelled: bool) -> None:
         self.ledger.finish(request_name(seq), cancelled)

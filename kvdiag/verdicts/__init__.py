@@ -30,13 +30,15 @@ The judges, by kind of run (each returns a Judgement: the verdict and one senten
 
 One module per kind of evidence: core.py (Verdict, Judgement), reference.py (in-process
 runs), live.py (a live probe: the classifications of divergences, over-hits and prompt
-logprobs, and judge_probe), audits.py (the vLLM replay, tenant isolation), runs.py (runs of
-runs: regress, fleet, the detection matrix), sentinel.py (a sentinel inside the engine).
+logprobs, and judge_probe), audits.py (the vLLM replay), isolation.py (tenant isolation),
+runs.py (runs of runs: regress, fleet, the detection matrix), sentinel.py (a sentinel inside
+the engine).
 """
 
 
-from kvdiag.verdicts.audits import ISOLATION_JUDGED, classify_leaks, judge_audit, judge_isolation
+from kvdiag.verdicts.audits import judge_audit
 from kvdiag.verdicts.core import Judgement, Verdict, judge_unmeasured
+from kvdiag.verdicts.isolation import ISOLATION_JUDGED, classify_leaks, judge_isolation
 from kvdiag.verdicts.live import (
     CACHED_TOKEN_FLAGS,
     ProbeDetails,

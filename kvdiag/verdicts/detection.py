@@ -3,7 +3,7 @@
 joined by commas, or "-" when none did. A label read like a verdict, so decided here.
 
     live probe      sentinel, over-hit, answer, logprobs, top-k, ground truth
-    isolation       isolation (the audit failed: a leak)
+    isolation       isolation (a leak the tenants measured), sentinel
     model-free      read, invariant, salt, over-hit, epilogue
 """
 
@@ -35,9 +35,13 @@ def probe_caught_by(*, sentinel: SentinelBlock | None, oracle: Oracle, corrupted
                    ("top-k", topk.departed), ("ground truth", ground_truth.contaminated)])
 
 
-def isolation_caught_by(verdict: Verdict) -> str:
-    """The tenant-isolation audit caught its fault when it failed (a leak)."""
-    return "isolation" if verdict is Verdict.FAIL else NONE
+def isolation_caught_by(verdict: Verdict, leaks: int, sentinel: SentinelBlock | None) -> str:
+    """How the tenant-isolation audit caught its fault when it failed: a leak its tenants
+    measured (`leaks`: the judged configurations' leaking cells), bad reads the sentinel
+    inside the server saw, or both."""
+    if verdict is not Verdict.FAIL:
+        return NONE
+    return _named([("isolation", leaks), ("sentinel", sentinel.bad if sentinel else 0)])
 
 
 def audit_caught_by(section: AuditSection) -> str:

@@ -52,11 +52,8 @@ def judge_compare(targets: Iterable[tuple[str, Verdict]]) -> Judgement:
 
 def expected_detection(live: str | None, path: str) -> Verdict:
     """The verdict a detection-matrix row must give: pass for the healthy engine (`live`
-    None), else the verdict of a run that catches the fault: fail, but error for a fault run
-    live by the probe's reset fallback (its ground truth is what the fault breaks)."""
-    if live is None:
-        return Verdict.PASS
-    return Verdict.ERROR if path == "live" and live == "probe-reset" else Verdict.FAIL
+    None), else fail (a run that caught the fault, whichever `path` ran it)."""
+    return Verdict.PASS if live is None else Verdict.FAIL
 
 
 def judge_unreached(why: str) -> Judgement:
@@ -66,10 +63,8 @@ def judge_unreached(why: str) -> Judgement:
 
 
 def caught_as_expected(got: Verdict, want: Verdict) -> bool:
-    """A detection-matrix row: its measured verdict is the one expected, or a FAIL where an
-    ERROR was expected (the fault was caught outright, not merely through the ground truth it
-    breaks)."""
-    return got is want or (want is Verdict.ERROR and got is Verdict.FAIL)
+    """A detection-matrix row: its measured verdict is the one expected."""
+    return got is want
 
 
 def judge_matrix(rows: Iterable[tuple[str, Verdict, Verdict]]) -> Judgement:

@@ -148,7 +148,7 @@ async def detokenize(request: Request):
 def reset_prefix_cache(request: Request):
     s = served(request)
     with s.core.lock:
-        done = not s.engine.has_unfinished() and s.engine.allocator.reset_prefix_cache()
+        done = s.engine.reset_prefix_cache()
     if not done:
         return error(409, "requests are in flight: the prefix cache cannot be reset now", kind="conflict")
     return Response(status_code=200)

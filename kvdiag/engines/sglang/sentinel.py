@@ -7,9 +7,10 @@ request's own):
                                            ledger's block is one slot, whatever the page size)
     prefix_lens, extend_lens (extend)      the positions already there and those written
     seq_lens (decode)                      one position written, the last
-    origin_input_ids + output_ids          its tokens; extra_key (cache_salt) and lora_id
+    origin_input_ids + output_ids          its tokens; cache_salt, lora_id and extra_key
     retract_decode()                       requests that lost their slots and will recompute
     finished_reason                        a request that left (FINISH_ABORT: cancelled)
+    flush_cache()                          a flush it reports done: what was cached is unwritten
 
 With `weigh`, each sampled token's attention over its context (attention.py, measured in this
 process, where SGLang's model runs) is weighed by the positions read wrong: the request's
@@ -150,7 +151,9 @@ class SglangSentinel:
     def _scheduled(req, table, computed, new, context) -> Scheduled:
         tokens = list(req.origin_input_ids) + list(req.output_ids)
         return Scheduled(req.rid, table, computed, new, tokens,
-                         namespace_of(getattr(req, "extra_key", None), getattr(req, "lora_id", None)),
+                         namespace_of(salt=getattr(req, "cache_salt", None),
+                                      adapter=getattr(req, "lora_id", None),
+                                      extra=getattr(req, "extra_key", None)),
                          context)
 
     def left(self) -> None:
@@ -185,6 +188,7 @@ def install(path: str, weigh: bool = False):
                            "refusing to run a sentinel that cannot see")
     sentinel = SglangSentinel(path, weigh)
     run, process, retract = Scheduler.run_batch, Scheduler.process_batch_result, ScheduleBatch.retract_decode
+    flush = Scheduler.flush_cache
 
     def run_watched(self, batch, *args, **kwargs):
         sentinel.launched(self, batch)
@@ -201,6 +205,12 @@ def install(path: str, weigh: bool = False):
         sentinel.retracted_now(out[0])
         return out
 
+    def flush_watched(self, *args, **kwargs):  # /flush_cache: a reset it reports done
+        if (done := flush(self, *args, **kwargs)) and sentinel.ledger is not None:
+            sentinel.ledger.reset()
+        return done
+
     return both(swap_attr(Scheduler, "run_batch", run_watched),
                 swap_attr(Scheduler, "process_batch_result", process_watched),
-                swap_attr(ScheduleBatch, "retract_decode", retract_watched))
+                swap_attr(ScheduleBatch, "retract_decode", retract_watched),
+                swap_attr(Scheduler, "flush_cache", flush_watched))

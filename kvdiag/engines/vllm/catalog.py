@@ -135,8 +135,9 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
          "vLLM #9744 (no cache flush after load_weights)",
          "InternLM/lmdeploy #4917 (/update_weights keeps prefix-cache KV)"),
         (BREAKS_GROUND_TRUTH, CORRUPTS_OUTPUT),
-        "a reset, then the same prompt again, checked for 0 cached tokens; output only "
-        "changes where weights changed in between", live="probe-reset"),
+        "a reset, then the same prompt again, checked for 0 cached tokens (the probe's "
+        "'after reset' pair; vllm-local serves the reset in vLLM's dev mode); output only "
+        "changes where weights changed in between", live="probe"),
     Fault(
         "tags-dropped", "isolation: extra keys untagged",
         "extra keys lose their tags (LoRA name and cache_salt become bare strings), so a "

@@ -111,6 +111,9 @@ class VllmLocal(EngineServer):
 
     def environment(self) -> dict[str, str]:
         env = self.base_environment() | {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+        # POST /reset_prefix_cache, which vLLM serves only in its dev mode: the probe's 'after
+        # reset' pair and --isolation reset need it (a loopback server kvdiag started and stops)
+        env.setdefault("VLLM_SERVER_DEV_MODE", "1")
         if self.device == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_space_gb)
             # stock vLLM's CPU LoRA ops give base tokens the adapter's delta (cpu_lora.py), and

@@ -9,6 +9,7 @@ What it reads, all of it handed to the workers or the request's own:
     new_block_ids_to_zero   blocks the workers zero before the forward pass (unwritten again)
     kv_cache_block_copies   copy-on-write: the destination holds the source's K/V
     finished_req_ids, preempted_req_ids   tables the workers drop
+    reset_prefix_cache()    a reset the scheduler reports done: what was cached is unwritten
     Request                 all_token_ids, cache_salt, lora_request (the namespace)
 
 With the step's results comes each sampled token's attention over its context, where vLLM's
@@ -31,7 +32,7 @@ import dataclasses
 import sys
 
 from kvdiag.engines.vllm.attention import ATTR, SECONDS
-from kvdiag.sentinel.facts import Counters, Scheduled, namespace_of
+from kvdiag.sentinel.facts import Counters, Scheduled, merged, namespace_of
 from kvdiag.sentinel.leakage import Leakage
 from kvdiag.sentinel.ledger import Ledger
 from kvdiag.sentinel.log import SentinelLog
@@ -92,17 +93,6 @@ def attention_groups(scheduler) -> list[tuple[int, int | None] | None]:
     return found
 
 
-def merged(ledgers: list[Ledger], skipped: Counters) -> Counters:
-    """One model's counters over its groups' ledgers: steps once, everything else summed."""
-    total = Counters(steps=max((led.counters.steps for led in ledgers), default=0),
-                     unchecked=skipped.unchecked)
-    for led in ledgers:
-        for f in dataclasses.fields(Counters):
-            if f.name != "steps":
-                setattr(total, f.name, getattr(total, f.name) + getattr(led.counters, f.name))
-    return total
-
-
 class VllmSentinel:
     """The ledger fed from one vLLM scheduler."""
 
@@ -131,8 +121,7 @@ class VllmSentinel:
             "unseen": self.unseen,
             "block_size": followed[0][0] if followed else None,
             "groups": [None if g is None else {"block_size": g[0], "window": g[1]} for g in groups]})
-        # one store when the groups' slots line up (vLLM gives a hybrid model's attention
-        # groups one block size); a store each otherwise
+        # one store when the groups' slots line up (a hybrid's groups share a block size)
         shared = Slots() if len({g[0] for g in followed}) == 1 else None
         self.ledgers = [None if g is None else
                         Ledger(g[0], self.log.finding, slots=shared if shared is not None else Slots(),
@@ -239,8 +228,8 @@ class VllmSentinel:
         if cow := [b for g in groups for b in (g or ()) if b in self.cow]:  # ordered this step
             context.append(f"copy-on-write target block {cow[0]} (copied from {self.cow[cow[0]]})")
         lora = getattr(request, "lora_request", None)
-        namespace = namespace_of(getattr(request, "cache_salt", None),
-                                 getattr(lora, "lora_name", None) if lora else None)
+        namespace = namespace_of(salt=getattr(request, "cache_salt", None),
+                                 adapter=getattr(lora, "lora_name", None) if lora else None)
         shares = []
         for k, led in enumerate(self.ledgers):
             if led is None:
@@ -262,6 +251,11 @@ class VllmSentinel:
             ids = [request_ids] if isinstance(request_ids, str) else list(request_ids or ())
             self.cancelled.update(ids)
 
+    def reset(self) -> None:
+        """The scheduler reported its prefix cache reset (a lie is the fault `reset-noop`)."""
+        if ledgers := [led for led in self.ledgers if led is not None]:
+            ledgers[0].reset(ledgers[1:])
+
     def _forget(self, rid: str) -> None:
         self.requests.pop(rid, None)
         self.waiting_since.pop(rid, None)
@@ -279,8 +273,8 @@ def install(path: str):
 
     sentinel = VllmSentinel(path)
     sentinel.unseen = unseen
-    schedule, update, finish = (Scheduler.schedule, Scheduler.update_from_output,
-                                Scheduler.finish_requests)
+    schedule, update, finish, reset = (Scheduler.schedule, Scheduler.update_from_output,
+                                       Scheduler.finish_requests, Scheduler.reset_prefix_cache)
 
     def schedule_watched(self, *args, **kwargs):
         output = schedule(self, *args, **kwargs)
@@ -295,6 +289,12 @@ def install(path: str):
         sentinel.finishing(request_ids, finished_status)
         return finish(self, request_ids, finished_status, *args, **kwargs)
 
+    def reset_watched(self, *args, **kwargs):
+        if done := reset(self, *args, **kwargs):
+            sentinel.reset()
+        return done
+
     return both(swap_attr(Scheduler, "schedule", schedule_watched),
                 swap_attr(Scheduler, "update_from_output", update_watched),
-                swap_attr(Scheduler, "finish_requests", finish_watched))
+                swap_attr(Scheduler, "finish_requests", finish_watched),
+                swap_attr(Scheduler, "reset_prefix_cache", reset_watched))

@@ -125,6 +125,7 @@ def test_bad_plans_are_refused():
     (["--lengths", "16,abc"], "'abc' is not a whole number"),
     (["--trials", "0"], "--trials must be at least 1"),
     ([], "cannot reach"),
+    (["--sentinel", "no-such-dir/sentinel.jsonl"], "--sentinel no-such-dir/sentinel.jsonl: "),
 ])
 def test_bad_input_exits_2_with_one_line(extra, message):
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
@@ -132,6 +133,15 @@ def test_bad_input_exits_2_with_one_line(extra, message):
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_an_unwritable_sentinel_exits_2_before_the_server_starts(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # a file where a directory would have to be
+    result = CliRunner().invoke(app, ["isolation", "--target", "reference:guarded", "--sentinel",
+                                      str(blocked / "sentinel.jsonl")])
+    assert result.exit_code == 2 and "--sentinel" in result.output, result.output
+    assert "starting" not in result.output and "Traceback" not in result.output
 
 
 # --- against real servers -------------------------------------------------------------------
@@ -191,6 +201,12 @@ def test_salt_collision_is_caught_through_an_adapter_named_like_a_salt(tmp_path)
     summary = assert_valid_summary(tmp_path / "run", "isolation")
     assert summary["verdict"] == "fail" and summary["kind"] == "isolation"
     assert {c["config"] for c in summary["leaks"]} == {"adapter"}
+    # the sentinel inside kvdiag serve (on by default for a server the audit starts) saw the
+    # salted base request read the adapter's K/V: one block per collision, never unwritten
+    sentinel = summary["sentinel"]
+    assert sentinel["foreign"] > 0 and sentinel["foreign"] % 16 == 0 and sentinel["unwritten"] == 0
+    assert sentinel["findings"][0]["positions"][0] == [0, 16]
+    assert "; sentinel: " in summary["reason"]
     # the salt and the adapter name collide in the first block's key only (later blocks carry
     # the adapter's name alone), so exactly one block, 16 tokens, is shared at every length
     adapter = _by(summary, "adapter")
@@ -210,6 +226,21 @@ def test_salt_collision_is_caught_through_an_adapter_named_like_a_salt(tmp_path)
               and all(f in line for f in ('config="adapter"', 'length="64"', 'guess="correct"'))]
     assert len(cached) == 1 and cached[0].endswith(" 16.0"), cached
     assert 'kvdiag_history_present{history="' in text and "} 1.0" in text
+
+
+def test_the_sentinel_in_kvdiag_serve_reads_nothing_wrong_where_the_server_is_isolated(tmp_path):
+    """The same audit of reference:guarded (salts and adapters keyed apart): the sentinel
+    checked the audit's reads and found none wrong, and the PASS names what it checked."""
+    run = subprocess.run([sys.executable, "-m", "kvdiag", "isolation", "--target",
+                          "reference:guarded", "--adapter", "tenant-x", "--lengths", "16,64",
+                          "--trials", "4", "--out", str(tmp_path / "run"), "--json"],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    summary = json.loads(run.stdout)
+    sentinel = summary["sentinel"]
+    assert summary["verdict"] == "pass" and sentinel["reads"] > 0 and sentinel["requests"] > 0
+    assert sentinel["foreign"] == sentinel["unwritten"] == sentinel["overwrite"] == 0
+    assert f"sentinel: {sentinel['steps']} steps" in summary["reason"]
 
 
 # --- against real vLLM on CPU (kvdiag/vllm_local; skipped without its env) ------------------
@@ -249,3 +280,30 @@ def test_real_vllm_with_salt_ignored_planted_leaks_across_salts(tmp_path):
     assert code == 1 and summary["verdict"] == "fail"
     assert "per-tenant" in {c["config"] for c in summary["leaks"]}
     assert _by(summary, "per-tenant")[512]["cached_correct_mean"] == 512
+
+
+@pytest.mark.vllm_live
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", [None, "tags-dropped"])
+def test_the_sentinel_in_real_vllm_judges_the_salt_named_like_an_adapter(tmp_path, fault):
+    """--target vllm-local[:tags-dropped] --adapter canary-lora: the sentinel inside vLLM (on by
+    default) reads nothing wrong on the healthy server, and with the salt and the adapter's
+    name folded into one untagged key it sees the salted base request read the adapter's K/V:
+    FAIL by the tenants' cached tokens and by the sentinel, which names the first block."""
+    _vllm_local()
+    target = "vllm-local" + (f":{fault}" if fault else "")
+    run = subprocess.run([sys.executable, "-m", "kvdiag", "isolation", "--target", target,
+                          "--adapter", "canary-lora", "--lengths", "32,512", "--trials", "4",
+                          "--out", str(tmp_path / "run"), "--json"],
+                         capture_output=True, text=True, timeout=1800)
+    summary = json.loads(run.stdout)
+    sentinel = summary["sentinel"]
+    assert sentinel["engine"] == "vllm" and sentinel["reads"] > 0, run.stderr[-2000:]
+    if fault is None:
+        assert run.returncode == 0 and summary["verdict"] == "pass", summary["reason"]
+        assert sentinel["foreign"] == sentinel["unwritten"] == 0
+        return
+    assert run.returncode == 1 and summary["verdict"] == "fail"
+    assert {c["config"] for c in summary["leaks"]} == {"adapter"}
+    assert sentinel["foreign"] > 0 and "; sentinel: " in summary["reason"]
+    assert sentinel["findings"][0]["positions"][0][0] == 0  # the first block, where keys collide

@@ -217,12 +217,24 @@ def test_page_overrun_sets_the_page_size_before_sglang_resolves_its_arguments():
 @pytest.mark.slow
 @pytest.mark.sglang_live
 @needs_sglang
-def test_salt_ignored_leaks_across_salts(tmp_path):
-    code, summary, err = _kvdiag("isolation", "--target", "sglang-local:salt-ignored", "--trials", "4",
+@pytest.mark.parametrize("fault", [None, "salt-ignored"])
+def test_salt_ignored_leaks_across_salts(tmp_path, fault):
+    """The isolation audit with the sentinel inside SGLang (on by default): healthy, no leak and
+    no wrong read; with the salt dropped from the radix key, the other tenant's prefix is
+    served (a per-tenant leak) and read (foreign, by the namespace the salt names)."""
+    target = "sglang-local" + (f":{fault}" if fault else "")
+    code, summary, err = _kvdiag("isolation", "--target", target, "--trials", "4",
                                  "--lengths", "64,256", "--out", str(tmp_path / "iso"))
+    sentinel = summary["sentinel"]
+    assert sentinel["engine"] == "sglang" and sentinel["reads"] > 0, err[-2000:]
+    if fault is None:
+        assert code == 0 and summary["verdict"] == "pass", summary["reason"]
+        assert sentinel["foreign"] == sentinel["unwritten"] == 0
+        return
     assert code == 1, err[-2000:]
     assert summary["verdict"] == "fail" and summary["leaks"]
     assert {leak["config"] for leak in summary["leaks"]} == {"per-tenant"}
+    assert sentinel["foreign"] > 0 and "; sentinel: " in summary["reason"]
 
 
 @pytest.mark.slow

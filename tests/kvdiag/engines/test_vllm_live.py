@@ -84,6 +84,7 @@ class TestHealthyVllm:
         assert summary["numerics_requests"] == 0  # zero divergences, not merely none decisive
         oracle = summary["key_coverage"]["oracle"]  # every request within what it could hit
         assert oracle["available"] and oracle["checked"] > 200 and oracle["over_hits"] == 0
+        assert summary["key_coverage"]["differential_skipped"] == []  # 'after reset' ran too
         assert summary["server"]["block_size"] == BLOCK and summary["server"]["num_blocks"] == smoke_pool()
         assert summary["recycling"]["observed"], summary["recycling"]
         reuse = {(r["allocator"], r["round"]): r["block_reuse_rate"] for r in summary["rounds"]}
@@ -140,6 +141,25 @@ def test_the_differential_phase_catches_key_coverage_faults(tmp_path_factory, tm
     assert examples and all(e["cached"] > e["bound"] for e in examples)
     families = {e["what"].rsplit("(", 1)[-1].rstrip(")") for e in examples}
     assert families == ({"slot"} if fault.startswith("slot") else {"parent"}), examples
+
+
+def test_a_reset_that_does_nothing_is_caught_inside_and_outside(tmp_path):
+    """`reset-noop`: vLLM's reset reports success and keeps every hash. The differential's
+    'after reset' pair (kvdiag starts vLLM in its dev mode, which serves the reset) is
+    over-hit, and the sentinel, which follows the scheduler's reported reset, sees the next
+    request read K/V written before it."""
+    run = subprocess.run([sys.executable, "-m", "kvdiag", "probe", "--target", "vllm-local:reset-noop",
+                          "--differential-only", "--out", str(tmp_path / "p"), "--json"],
+                         capture_output=True, text=True, timeout=1800)
+    assert run.returncode == 1, run.stderr[-2000:]
+    summary = json.loads(run.stdout)
+    assert summary["verdict"] == "fail" and summary["reason"].startswith("sentinel: ")
+    sentinel = summary["sentinel"]
+    assert sentinel["unwritten"] > 0 and sentinel["foreign"] == 0
+    first = next(f for f in sentinel["findings"] if f["kind"] == "unwritten")
+    assert first["writer_context"] == ["written before a prefix-cache reset"], first
+    over = summary["key_coverage"]["oracle"]["examples"]
+    assert [e["what"] for e in over if "after reset" in e["what"]], over
 
 
 def test_salt_ignored_planted_shares_blocks_across_salts(tmp_path_factory):

@@ -116,10 +116,21 @@ def test_a_cancelled_writer_is_named_as_such():
 def test_another_namespace_is_another_prefix():
     led, found = ledger()
     tokens = list(range(5))
-    led.step([Scheduled("a", [1, 2], 0, 5, tokens, namespace_of("salt-a"))])
-    led.step([Scheduled("b", [1, 3], 4, 1, tokens, namespace_of("salt-b"))])
+    led.step([Scheduled("a", [1, 2], 0, 5, tokens, namespace_of(salt="salt-a"))])
+    led.step([Scheduled("b", [1, 3], 4, 1, tokens, namespace_of(salt="salt-b"))])
     assert [(f.kind, f.request, f.positions) for f in found] == [("foreign", "b", [(0, 4)])]
-    assert namespace_of(None, "") == 0 and namespace_of("x") != namespace_of("x", "lora")
+    assert namespace_of(salt=None, adapter="") == 0
+    assert namespace_of(salt="x") != namespace_of(salt="x", adapter="lora")
+
+
+def test_a_salt_named_like_an_adapter_is_another_namespace():
+    """The sentinel's own key tags what each part is: a base request whose cache_salt equals
+    an adapter's name reads the adapter's K/V as foreign (vLLM #44701, `tags-dropped`)."""
+    led, found = ledger()
+    tokens = list(range(5))
+    led.step([Scheduled("lora", [1, 2], 0, 5, tokens, namespace_of(adapter="tenant-x"))])
+    led.step([Scheduled("base", [1, 3], 4, 1, tokens, namespace_of(salt="tenant-x"))])
+    assert [(f.kind, f.request, f.writers) for f in found] == [("foreign", "base", ["lora"])]
 
 
 def test_zeroed_blocks_are_unwritten_and_copies_carry_their_writer():

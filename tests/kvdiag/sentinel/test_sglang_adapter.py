@@ -27,9 +27,9 @@ class Mode:
         return not self.extend
 
 
-def req(rid, prompt):
+def req(rid, prompt, cache_salt=None):
     return NS(rid=rid, origin_input_ids=list(prompt), output_ids=array("q"), extra_key=None,
-              lora_id=None, finished_reason=None, finished=lambda: False)
+              cache_salt=cache_salt, lora_id=None, finished_reason=None, finished=lambda: False)
 
 
 def batch(reqs, rows, seq_lens, prefix=None, extend=None):
@@ -103,3 +103,20 @@ def test_a_finished_request_leaves_whatever_batch_it_was_in(tmp_path):
     s.launched(scheduler, b3)
     s.processed()
     assert found == [] and s.ledger.counters.writes == 6 + 1 + 7 and "a" not in s.ledger.live
+
+
+def test_a_cached_prefix_under_another_cache_salt_is_foreign(tmp_path):
+    """SGLang keeps a request's cache_salt apart from its extra_key (the LoRA's): the
+    sentinel keys by both, so a prefix served across salts (`salt-ignored`) reads foreign."""
+    pool = torch.zeros((2, 16), dtype=torch.int64)
+    scheduler = NS(req_to_token_pool=NS(req_to_token=pool))
+    s = SglangSentinel(str(tmp_path / "s.jsonl"))
+    pool[0, :8] = pool[1, :8] = torch.arange(100, 108)  # b's row maps a's 8 slots
+    s.launched(scheduler, batch([req("a", range(8), "tenant-a")], [0], [8], prefix=[0], extend=[8]))
+    s.processed()
+    found = []
+    s.ledger.report = found.append
+    pool[1, 8] = 108
+    s.launched(scheduler, batch([req("b", range(9), "tenant-b")], [1], [9], prefix=[8], extend=[1]))
+    s.processed()
+    assert [(f.kind, f.request, f.writers, f.count) for f in found] == [("foreign", "b", ["a"], 8)]

@@ -48,9 +48,12 @@ def test_several_probe_channels_in_their_order():
 
 
 def test_the_isolation_audit_caught_its_fault_only_when_it_failed():
-    assert isolation_caught_by(Verdict.FAIL) == "isolation"
+    assert isolation_caught_by(Verdict.FAIL, 2, None) == "isolation"
+    assert isolation_caught_by(Verdict.FAIL, 0, _sentinel(5)) == "sentinel"
+    assert isolation_caught_by(Verdict.FAIL, 1, _sentinel(5)) == "isolation,sentinel"
+    assert isolation_caught_by(Verdict.FAIL, 1, _sentinel(0)) == "isolation"
     for v in (Verdict.PASS, Verdict.INCONCLUSIVE, Verdict.ERROR):
-        assert isolation_caught_by(v) == "-"
+        assert isolation_caught_by(v, 1, _sentinel(5)) == "-"
 
 
 EMPTY_AUDIT = {"corrupted_rounds": [], "invariant_violations": 0, "cross_tenant_hits": 0,

@@ -9,6 +9,7 @@ import ast
 from pathlib import Path
 
 from kvdiag.record.isolation_rows import IsolationCell, IsolationPlanBlock
+from kvdiag.record.sentinel import SentinelBlock, SentinelFinding
 from kvdiag.verdicts import Verdict, judge_isolation
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -56,6 +57,34 @@ def test_a_control_that_missed_is_inconclusive_whatever_the_other_cells_say():
     judged = judge_isolation(cells, IsolationPlanBlock(lengths=[64]), None)
     assert judged.verdict is Verdict.INCONCLUSIVE and "positive control" in judged.reason
     assert [c.hit for c in judged.details.cells] == [False, False]
+
+
+def _sentinel(reads: int, foreign: int = 0) -> SentinelBlock:
+    found = [SentinelFinding(kind="foreign", step=7, request="chatcmpl-1", positions=[[0, 16]],
+                             count=foreign, context_len=64, writers=["chatcmpl-0"])] if foreign else []
+    return SentinelBlock(source="sentinel.jsonl", starts=1, steps=9, requests=4, reads=reads,
+                         writes=64, unchecked=0, foreign=foreign, unwritten=0, overwrite=0,
+                         findings=found, findings_total=len(found))
+
+
+def test_a_sentinel_inside_the_server_fails_what_the_tenants_could_not_measure():
+    """A wrong read inside the server fails the audit even where no cell leaked; with a leak
+    too, both are named; a sentinel that checked no read makes an otherwise clean audit
+    inconclusive; a clean one is named in the PASS."""
+    plan = IsolationPlanBlock(lengths=[64])
+    clean = [_stats("same-salt", 64, 64), _stats("per-tenant", 64, 0)]
+    judged = judge_isolation(clean, plan, None, _sentinel(500, foreign=16))
+    assert judged.verdict is Verdict.FAIL and judged.reason.startswith("sentinel: 16 foreign")
+    assert "chatcmpl-1 read positions 0-15 foreign" in judged.reason and not judged.details.leaks
+    leaking = clean + [_stats("adapter", 64, 16)]
+    both = judge_isolation(leaking, plan, None, _sentinel(500, foreign=16))
+    assert both.verdict is Verdict.FAIL and both.reason.startswith("adapter leaks")
+    assert "sentinel: 16 foreign" in both.reason
+    blind = judge_isolation(clean, plan, None, _sentinel(0))
+    assert blind.verdict is Verdict.INCONCLUSIVE and "checked no KV read" in blind.reason
+    fine = judge_isolation(clean, plan, None, _sentinel(500))
+    assert fine.verdict is Verdict.PASS and "500 KV slot reads checked, 0 foreign" in fine.reason
+    assert "sentinel" not in judge_isolation(clean, plan, None).reason  # none watched
 
 
 def test_the_runner_imports_nothing_from_the_verdicts():

@@ -283,8 +283,8 @@ def test_the_detection_matrix():
     assert judge_matrix([("healthy", Verdict.FAIL, Verdict.PASS)]).verdict is Verdict.FAIL
     assert judge_matrix(rows + [("x", Verdict.INCONCLUSIVE, Verdict.FAIL)]).verdict is Verdict.INCONCLUSIVE
     assert judge_matrix([]).verdict is Verdict.ERROR
-    # a fault expected to break the ground truth (error) that is caught outright counts as caught
-    assert judge_matrix(rows + [("reset/live", Verdict.FAIL, Verdict.ERROR)]).verdict is Verdict.PASS
+    # a run that could not be made proves nothing for its fault: never counted as caught
+    assert judge_matrix(rows + [("reset/live", Verdict.ERROR, Verdict.FAIL)]).verdict is Verdict.INCONCLUSIVE
 
 
 def _sentinel(**kw):
