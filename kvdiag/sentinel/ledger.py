@@ -48,6 +48,8 @@ from kvdiag.sentinel.facts import Counters, Finding, Scheduled, ranges
 from kvdiag.sentinel.slots import Slots, stamp_of
 from reference_engine.provenance import UNWRITTEN, Fingerprints
 
+RESET = "written before a prefix-cache reset"  # the writer's fate in an unwritten read's finding
+
 
 class _Request:
     __slots__ = ("number", "fps", "table", "slots", "where", "computed", "reported")
@@ -126,20 +128,14 @@ class Ledger:
         self.store.writer[block * bs:(block + 1) * bs] = -1
         self.counters.zeroed += 1
 
-    def reset(self, others: Sequence[Ledger] = ()) -> None:
-        """The engine reports its prefix cache reset (emptied): K/V in a block no live request
-        maps may never be served again, so those slots read as `unwritten` until written
-        anew, their writer kept to be named, its fate said. `others`: the ledgers sharing
-        this one's store (a hybrid's other groups), whose live requests' blocks are kept too."""
-        keep = np.zeros(len(self.store.fp), dtype=bool)
-        for led in (self, *others):
-            for b in led.holders:
-                keep[b * led.block_size:(b + 1) * led.block_size] = True
-        forgot = ~keep & (self.store.fp != UNWRITTEN)
-        for n in np.unique(self.store.writer[forgot]).tolist():
-            if n >= 0:
-                self.fate[n] = "written before a prefix-cache reset"
-        self.store.fp[forgot] = UNWRITTEN
+    def reset(self) -> None:
+        """The engine reports its prefix cache reset, which it does only with no block in use
+        (vLLM, SGLang and the reference engine refuse otherwise): K/V written before it may
+        never be served again, so every slot of this ledger's store reads as `unwritten`
+        until written anew. Its writer is kept: an unwritten read of a slot that has one was
+        written before a reset (a fresh or zeroed slot has none). The ledger may still count
+        as live a request whose finish only the next step tells; nothing of it is kept."""
+        self.store.fp[:] = UNWRITTEN
         self.resets += 1  # not a Counters field: llama.cpp's C++ sentinel writes those, and has none
 
     def copy(self, src: int, dst: int) -> None:
@@ -280,7 +276,7 @@ class Ledger:
             pos = start + np.flatnonzero(unwritten)
             numbers = [n for n in dict.fromkeys(self.store.writer[req.slots[pos]].tolist()) if n >= 0][:3]
             self._found("unwritten", item.rid, pos, end, [self.names[n] for n in numbers],
-                        item.context, [self._fate(n) for n in numbers])
+                        item.context, [RESET] * len(numbers))
         if foreign.any():
             pos = start + np.flatnonzero(foreign)
             numbers = list(dict.fromkeys(self.store.writer[req.slots[pos]].tolist()))[:3]

@@ -253,8 +253,8 @@ class VllmSentinel:
 
     def reset(self) -> None:
         """The scheduler reported its prefix cache reset (a lie is the fault `reset-noop`)."""
-        if ledgers := [led for led in self.ledgers if led is not None]:
-            ledgers[0].reset(ledgers[1:])
+        for led in {id(led.store): led for led in self.ledgers if led is not None}.values():
+            led.reset()  # once per store of slots (a hybrid's groups share one)
 
     def _forget(self, rid: str) -> None:
         self.requests.pop(rid, None)
