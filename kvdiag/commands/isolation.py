@@ -34,6 +34,7 @@ def audit_target(base_url: str | None, target: str | None, model: str | None,
     kvdiag starts one). `options`: as audit_isolation takes them."""
     import tempfile
 
+    from kvdiag.commands.probe import sentinel_path
     from kvdiag.engines.local import adapter_dirs, live
     from kvdiag.errors import KvdiagError
     from kvdiag.paths import CANARY
@@ -45,7 +46,7 @@ def audit_target(base_url: str | None, target: str | None, model: str | None,
         raise KvdiagError("give --base-url URL --model NAME, or --target reference:ALLOCATOR / "
                           "vllm-local[:FAULT] / sglang-local[:FAULT]")
     spec = parse_target(target) if target else Target(check_url(base_url, "--base-url"), url=base_url)
-    watch = _sentinel_path(spec, sentinel)  # bad input: exit 2 before any server starts
+    watch = sentinel_path(spec, sentinel, serves_reference=True)  # bad input: exit 2 here
     if spec.url is not None:
         if not model:
             raise KvdiagError(f"{spec.url}: --model NAME (as the server serves it) is required")
@@ -58,35 +59,11 @@ def audit_target(base_url: str | None, target: str | None, model: str | None,
     if watch is True:
         watch = logs / SENTINEL_FILE
     names = ("--lora-modules", plan.adapter) if plan.adapter else ()  # kvdiag serve: names only
-    if spec.is_reference and watch is not None:
-        names += ("--sentinel", str(watch))
     served_adapters = adapter_dirs(plan.adapter, model_dir) if spec.is_local else None
     with live(spec, None, None, model_dir, logs, serve_reference=True, serve_args=names,
-              adapters=served_adapters, sentinel=watch if spec.is_local else None) as served:
+              adapters=served_adapters, sentinel=watch) as served:
         return audit_isolation(served.url, served.model, api_key, plan, sentinel=watch,
                                model_label=served.model_label, **options)
-
-
-def _sentinel_path(spec, given: str | None) -> Path | str | bool | None:
-    """Where the audit's sentinel writes, as the probe's --sentinel (kvdiag.commands.probe:
-    on by default for a local engine with one), and for `kvdiag serve` too, which the audit
-    starts over HTTP (reference:ALLOCATOR, whose --sentinel writes the same file)."""
-    from kvdiag.commands.probe import sentinel_path
-    from kvdiag.errors import KvdiagError
-    from kvdiag.sentinel.log import check_writable
-    from kvdiag.sentinel.serve import is_url
-
-    if not spec.is_reference or given == "off":
-        return sentinel_path(spec, given)
-    if given in (None, "on"):
-        return True
-    if is_url(given):
-        raise KvdiagError(f"--sentinel {given}: a server kvdiag starts writes its sentinel to a "
-                          "file (give a path); a URL is for a server somebody else runs")
-    try:
-        return check_writable(given)
-    except OSError as e:
-        raise KvdiagError(f"--sentinel {given}: {e.strerror or e}") from None
 
 
 def audit_isolation(base_url: str, model: str, api_key: str | None, plan: IsolationPlan, *,

@@ -36,25 +36,30 @@ from kvdiag.verdicts import (
 SENTINEL_FILE = "sentinel.jsonl"
 
 
-def sentinel_path(spec, given: str | None) -> Path | str | bool | None:
+def sentinel_path(spec, given: str | None,
+                  serves_reference: bool = False) -> Path | str | bool | None:
     """Where the run's sentinel writes: True for the run directory (a local engine with a
     sentinel, by default, or `on`), a checked path, the URL a remote server's sentinel serves its file
-    at, or None for none. KvdiagError (exit 2): a file kvdiag cannot write for a server it
-    starts, or cannot read for one it does not; a URL that does not answer as a sentinel."""
+    at, or None for none. `serves_reference`: a reference:ALLOCATOR target is served by a
+    `kvdiag serve` the command starts (the isolation audit), whose sentinel is on by default
+    too. KvdiagError (exit 2): a file kvdiag cannot write for a server it starts, or cannot
+    read for one it does not; a URL that does not answer as a sentinel."""
     from kvdiag.sentinel.log import check_writable
     from kvdiag.sentinel.serve import fetch, is_url
 
+    reference = serves_reference and spec.is_reference  # a kvdiag serve this command starts
+    starts = spec.is_local or reference  # a server kvdiag starts
     if given == "off":
         return None
     if given is None:
-        return True if spec.sentinel_default else None
+        return True if spec.sentinel_default or reference else None
     if given == "on":
-        if not (spec.is_local and spec.engine.sentinel):
+        if not (reference or (spec.is_local and spec.engine.sentinel)):
             raise KvdiagError(f"--sentinel on: {spec.spec} has no sentinel kvdiag can start (give "
                               "the file or URL a server's sentinel writes)")
         return True
     if is_url(given):
-        if spec.is_local:
+        if starts:
             raise KvdiagError(f"--sentinel {given}: a server kvdiag starts writes its sentinel to a "
                               "file (give a path); a URL is for a server somebody else runs")
         try:
@@ -63,7 +68,7 @@ def sentinel_path(spec, given: str | None) -> Path | str | bool | None:
             raise KvdiagError(f"--sentinel {e}") from None
         return given
     try:
-        if spec.is_local:
+        if starts:
             return check_writable(given)
         open(given).close()  # a server somebody else runs writes it: it must be there
         return Path(given)

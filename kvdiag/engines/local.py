@@ -90,14 +90,16 @@ def live(target: Target, suite, case, model_dir: Path, log_dir: Path,
          adapters: dict[str, Path] | None = None, sentinel: Path | None = None,
          engine_args: tuple[str, ...] = ()) -> Iterator[Served]:
     """Start a local engine's server (log kept in log_dir; its pool sized from `suite` and
-    `case`, or the engine's default without them). With `serve_reference`, a
-    reference:ALLOCATOR target is served the same way by `kvdiag serve` (for runs that only
-    talk HTTP: isolation); other targets pass through."""
+    `case`, or the engine's default without them; its sentinel, if any, writing to
+    `sentinel`). With `serve_reference`, a reference:ALLOCATOR target is served the same way
+    by `kvdiag serve` (for runs that only talk HTTP: isolation); other targets pass through."""
     from kvdiag.record.results import model_label
 
     if serve_reference and target.is_reference:
         from kvdiag.engines.reference import ReferenceServer
 
+        if sentinel is not None:
+            serve_args = (*serve_args, "--sentinel", str(sentinel))
         with ReferenceServer(target.allocator, model_dir, Path(log_dir) / "serve.log",
                              serve_args) as server:
             yield Served(dataclasses.replace(target, url=server.base_url), server.base_url,

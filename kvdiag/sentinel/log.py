@@ -164,16 +164,17 @@ def read_report(path: str | Path, since: int = 0) -> SentinelReport:
 def size_of(path: str | Path) -> int:
     """Where a run that begins now starts reading the file (0 when there is none yet).
     KvdiagError when a sentinel's URL stopped answering."""
+    if is_url(path):
+        try:
+            return len(_content(path))
+        except OSError as e:
+            from kvdiag.errors import KvdiagError
+
+            raise KvdiagError(f"sentinel at {path}: {e}") from None
     try:
-        return len(_content(path)) if is_url(path) else Path(path).stat().st_size
+        return Path(path).stat().st_size
     except FileNotFoundError:
         return 0
-    except OSError as e:
-        if not is_url(path):
-            raise
-        from kvdiag.errors import KvdiagError
-
-        raise KvdiagError(f"sentinel at {path}: {e}") from None
 
 
 def _content(path: str | Path) -> bytes:
