@@ -75,10 +75,11 @@ BlockSizeOpt = Annotated[int | None, typer.Option(
     "has no vllm:cache_config_info (else: the suite's, or 16 without a suite).")]
 SessionsOpt = Annotated[Path | None, typer.Option(
     "--sessions", show_default=False, help="Replay your own conversations instead of generated "
-    "ones: JSONL, one a line, OpenAI chat or ShareGPT format (docs/own-sessions.md); the suite's "
+    "ones: JSONL, one a line, or one JSON array, in OpenAI chat or ShareGPT format "
+    "(docs/own-sessions.md); the suite's "
     "case says how many and at most how many rounds.")]
 SessionsFormatOpt = Annotated[Literal["auto", "openai", "sharegpt"], typer.Option(
-    "--sessions-format", help="The sessions file's format; auto: told by its first line.")]
+    "--sessions-format", help="The sessions file's format; auto: told by its first conversation.")]
 NoTextOpt = Annotated[bool, typer.Option(
     "--no-text", help="Keep no prompt or answer text in results, summary and page: token counts, "
     "metrics and hashes only.")]

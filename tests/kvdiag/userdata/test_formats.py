@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from kvdiag.cli import app
 from kvdiag.errors import KvdiagError
+from kvdiag.userdata import jsonarray
 from kvdiag.userdata.formats import check_file, read_conversations
 
 CHAT = [{"role": "system", "content": "Be exact."}, {"role": "user", "content": "On May 3, 2024 we sold 12 units."},
@@ -50,7 +51,9 @@ def test_both_formats_read_the_same_conversation(tmp_path):
     ([{"messages": CHAT}, {"conversations": []}], None, r":2: messages: required \(the file is in openai format\)"),
     ([{"messages": CHAT}], "sharegpt", r":1: conversations: required"),
     ([{"chat": []}], None, r":1: neither 'messages'"),
-    ([[1, 2]], None, r":1: expected a JSON object"),
+    (["[1, 2]"], None, r":item 1 \(line 1\): expected a JSON object, got int"),
+    ([{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}], None,
+     r":1: messages\[0\]\.content\[0\]\.type: only text parts are replayed \(got 'image_url'\)"),
     (["", "  "], None, r"empty file"),
 ])
 def test_bad_input_names_line_and_field(tmp_path, lines, fmt, message):
@@ -83,3 +86,49 @@ def test_the_cli_exits_2_with_one_line_before_any_server(tmp_path, lines, messag
     assert message in text and "Traceback" not in result.output
     assert "127.0.0.1:9" not in text  # the server was never asked
     assert not (tmp_path / "run").exists() and not list(tmp_path.glob("run*"))
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_conversation(tmp_path):
+    for text in (json.dumps({"messages": CHAT}) + "\n", json.dumps([{"messages": CHAT}])):
+        (tmp_path / "bom.json").write_bytes(b"\xef\xbb\xbf" + text.encode())
+        assert [c.messages for c in read_conversations(tmp_path / "bom.json")] == [tuple(CHAT)]
+
+
+def test_content_given_as_text_parts_is_sent_as_one_string(tmp_path):
+    parts = [{"type": "text", "text": "On May 3, 2024"}, {"type": "text", "text": "we sold 12 units."}]
+    (conv,) = read_conversations(write(tmp_path, {"messages": [{"role": "user", "content": parts}]}))
+    assert conv.messages == ({"role": "user", "content": "On May 3, 2024\nwe sold 12 units."},)
+    (conv,) = read_conversations(write(tmp_path, {"messages": [{"role": "developer", "content": "Be exact."},
+                                                               CHAT[1]]}))
+    assert conv.messages == tuple(CHAT[:2])  # OpenAI's developer role is sent as the system prompt
+
+
+@pytest.mark.parametrize("chunk", [jsonarray.CHUNK, 5])
+def test_a_json_array_reads_as_its_items_would_as_lines(tmp_path, monkeypatch, chunk):
+    """ShareGPT's own dataset is one JSON array: read an item at a time, pretty-printed or not,
+    whichever chunk boundary an item or a string straddles."""
+    monkeypatch.setattr(jsonarray, "CHUNK", chunk)
+    convs = [sharegpt(CHAT), sharegpt(CHAT[1:2]), {"id": "x", **sharegpt(CHAT[:2])}]
+    lines = [c.messages for c in read_conversations(write(tmp_path, *convs))]
+    for text in (json.dumps(convs, indent=2), "\n " + json.dumps(convs) + "\n"):
+        (tmp_path / "a.json").write_text(text)
+        got = list(read_conversations(tmp_path / "a.json"))
+        assert [c.messages for c in got] == lines and [c.line for c in got] == [1, 2, 3]
+        assert {c.format for c in got} == {"sharegpt"}
+    assert check_file(tmp_path / "a.json").conversations == 3
+
+
+@pytest.mark.parametrize("text, message", [
+    ('[\n{"messages": [{"role": "user", "content": "x"}]},\n{"messages": [', r"item 2 \(line 3\): not valid JSON"),
+    ('[{"messages": [{"role": "user", "content": "x"}]} junk', r"item 1 \(line 1\): expected ',' or ']'"),
+    ('[{"messages": [{"role": "user", "content": "x"}]}', r"item 1 \(line 1\): expected ',' or ']' .*end of the file"),
+    ('[{"messages": [{"role": "user", "content": "x"}]}]\n]', r"text after the array's closing"),
+    ('[{"messages": [{"role": "user", "content": "x"}]},]', r"item 2 \(line 1\): not valid JSON"),
+    ('[\n\n{"messages": [{"role": "tool", "content": "x"}]}]', r"item 1 \(line 3\): messages\[0\]\.role: unknown role"),
+    ("[", r"item 1 \(line 1\): the array is not closed"),
+    (" [ ] ", r"empty file"),
+])
+def test_a_bad_json_array_names_the_item_and_its_line(tmp_path, text, message):
+    (tmp_path / "a.json").write_text(text)
+    with pytest.raises(KvdiagError, match=message):
+        check_file(tmp_path / "a.json")
