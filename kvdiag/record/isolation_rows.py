@@ -32,6 +32,11 @@ class IsolationCell(Block):
     cached_correct_max: Num = 0
     cached_wrong_max: Num = 0
     cached_correct_median: Num = 0
+    # the most cached tokens a guess got beyond the longest prefix it shares with the
+    # attacker's own earlier prompts (same salt, same model): what its own history cannot
+    # explain. None in a summary older than these two fields (the judge then reads the maxima)
+    beyond_own_correct_max: Num | None = None
+    beyond_own_wrong_max: Num | None = None
     ttft_correct_median_s: float = 0.0
     ttft_wrong_median_s: float = 0.0
     block_size: int = Field(16, description="the server's block size the cell was measured with")
@@ -44,7 +49,7 @@ class IsolationCell(Block):
     hit: bool | None = Field(None, description="judged: most correct guesses reused at least "
                              "one block more than any wrong one (the positive control's test)")
     content_leak: bool | None = Field(None, description="judged: a correct guess got more "
-                                      "cached tokens than every wrong one")
+                                      "cached tokens beyond its own history than every wrong one")
     timing_leak: bool | None = Field(None, description="judged: TTFT told the guesses apart "
                                      "(Bonferroni p under alpha, AUC past min_auc)")
     leaks: bool | None = Field(None, description="judged: content_leak or timing_leak")

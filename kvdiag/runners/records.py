@@ -59,7 +59,8 @@ class Checker:
 
     def __init__(self, style: str, spacy_model: str | None = None) -> None:
         self.style, self.spacy_model = style, spacy_model
-        self._by_kb: dict[int, object] = {}
+        self._by_kb: dict[int, tuple] = {}  # id(kb) -> (kb, its checker): kb held, so its id
+        # is never another's (a freed object's id comes back for a later one)
 
     def check(self, kb, rnd: Round, answer: str) -> tuple[float, str]:
         if rnd.kind != "question":
@@ -67,9 +68,9 @@ class Checker:
         from kvdiag.metrics.factcheck import FactChecker
 
         view = canary_view if self.style == "canary" else (lambda f: f)
-        checker = self._by_kb.get(id(kb))
-        if checker is None:
-            checker = self._by_kb[id(kb)] = FactChecker([view(f) for f in kb.facts], self.style,
-                                                        self.spacy_model)
+        held, checker = self._by_kb.get(id(kb), (None, None))
+        if held is not kb:
+            checker = FactChecker([view(f) for f in kb.facts], self.style, self.spacy_model)
+            self._by_kb[id(kb)] = (kb, checker)
         result = checker.check(answer, [view(f) for f in rnd.asked])
         return (1.0 if result.passed else 0.0), result.reason

@@ -22,14 +22,20 @@ def classify_leaks(cells: list[IsolationCell], alpha: float, min_auc: float) -> 
     are left as measured):
         hit           most correct guesses reused at least one block more than any wrong one
                       (the positive control's test)
-        content_leak  any correct guess got more cached tokens than every wrong one did
+        content_leak  any correct guess got more cached tokens than every wrong one did,
+                      counting only those beyond the prefix it shares with the attacker's own
+                      earlier prompts (an engine caching by the token hits a first token two
+                      random guesses share; older summaries, without those counts: all)
         timing_leak   TTFT told them apart: p below alpha over the configuration's number of
                       lengths (Bonferroni) and max(AUC, 1 - AUC) >= min_auc
         leaks         either"""
     out = []
     for c in cells:
         bonferroni = alpha / sum(1 for d in cells if d.config == c.config)
-        content = c.cached_correct_max > c.cached_wrong_max
+        if c.beyond_own_correct_max is None or c.beyond_own_wrong_max is None:
+            content = c.cached_correct_max > c.cached_wrong_max
+        else:
+            content = c.beyond_own_correct_max > c.beyond_own_wrong_max
         timing = c.p_value < bonferroni and max(c.auc, 1 - c.auc) >= min_auc
         out.append(c.model_copy(update={
             "hit": c.cached_correct_median >= c.cached_wrong_max + c.block_size,

@@ -95,7 +95,7 @@ class Checker:
     async def _tokenize(self, exchanges: list[Exchange]) -> dict[int, tuple[int, ...] | None]:
         if self.local is not None:  # in a thread: the relay's event loop is never held
             found = await asyncio.to_thread(lambda: [self.local.ids(ex) for ex in exchanges])
-            return {id(ex): f for ex, f in zip(exchanges, found)}
+            return {ex.seq: f for ex, f in zip(exchanges, found)}
         gate = asyncio.Semaphore(TOKENIZE_CONCURRENCY)
 
         async def one(ex: Exchange):
@@ -103,7 +103,7 @@ class Checker:
                 return await prompt_ids(self.tokenizer, ex, self.shape)
 
         found = await asyncio.gather(*(one(ex) for ex in exchanges))
-        return {id(ex): f for ex, f in zip(exchanges, found)}
+        return {ex.seq: f for ex, f in zip(exchanges, found)}
 
     def _apply(self, kind: str, item, ids: dict) -> None:
         if kind == "reset":
@@ -113,15 +113,15 @@ class Checker:
         if kind == "sent" and not PROTOCOLS[self.shape].namespaces:  # one model, no cache_salt:
             ex.namespace = (None, None, ex.namespace[2])  # its cache is shared whatever they say
         if kind == "sent":
-            found = ids.get(id(ex))
+            found = ids.get(ex.seq)
             if found is None:  # a prompt the index cannot hold: what it caches is unknown
                 self._rewarm(time.time())
                 return
-            req = Sent(key=id(ex), namespace=ex.namespace, ids=found, sent=ex.sent, done=0.0,
+            req = Sent(key=ex.seq, namespace=ex.namespace, ids=found, sent=ex.sent, done=0.0,
                        cached=None, out=None)
             self.index.sent(req)
             return
-        self._done(ex, self.index.inflight.get(id(ex)))  # None: never indexed
+        self._done(ex, self.index.inflight.get(ex.seq))  # None: never indexed
 
     def _done(self, ex: Exchange, req: Sent | None) -> None:
         overflowed = self.index.overflowed

@@ -5,12 +5,14 @@ past the tokenizer call: the checker holds ids and counts only."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass, field
 
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
 MAX_BODY = 64 << 20  # a JSON response larger than this is relayed, not parsed
 HEAD, TAIL = 4096, 65536  # a stream keeps its first bytes (the id) and its last (the usage)
+_SEQ = itertools.count()
 
 
 @dataclass
@@ -33,6 +35,9 @@ class Exchange:
     completion_tokens: int | None = None
     model: str | None = None  # as the client named it (the namespace may drop it)
     rounds: int = 1  # user turns in a chat's messages: the round of a conversation
+    # the exchange's key in the index, never reused: id() of a finished exchange comes back
+    # for a later one, which then skipped the earlier one's prompt as its own (false over-hits)
+    seq: int = field(default_factory=_SEQ.__next__)
     auth: str | None = field(default=None, repr=False)  # the client's Authorization, for
     # the tokenizer and the twins (held in memory while they need it, never written)
     _buf: bytearray = field(default_factory=bytearray, repr=False)

@@ -16,7 +16,9 @@ The configurations differ only in the cache_salt each tenant sends:
 
 Prompts are token ids (POST /v1/completions with a list of ints) drawn from the server's own
 tokenizer, so every secret is exactly `length` tokens and starts at position 0: a correct
-guess can hit exactly `length` tokens, a wrong one none. Everything is sequential (one
+guess can hit exactly `length` tokens, a wrong one none beyond what the attacker's own earlier
+prompts share with it (each row keeps that prefix, `own_prefix`: a cache kept by the token,
+as SGLang's, hits a first token two random guesses share). Everything is sequential (one
 request in flight) so each TTFT and each /metrics delta belongs to one request. The runner
 keeps statistics only (kvdiag.runners.live.isolation_cells); which cells leak, and the
 verdict, are kvdiag.verdicts.judge_isolation's.
@@ -57,6 +59,16 @@ class _Prober:
     def __init__(self, ep: Endpoint, plan: IsolationPlan) -> None:
         self.ep, self.plan, self.requests = ep, plan, 0
         self.cached_from = "usage"
+        self.sent: dict[tuple, list[list[int]]] = {}  # (tenant, salt, model) -> its prompts so far
+
+    def own_prefix(self, tenant: str, salt: str | None, model: str | None, ids: list[int]) -> int:
+        """The longest prefix `ids` shares with a prompt `tenant` sent before under the same
+        salt and model: what its own history may hit (an engine that caches by the token, as
+        SGLang does, hits a first token two random guesses share). Remembers `ids`."""
+        earlier = self.sent.setdefault((tenant, salt, model), [])
+        best = max((_common(ids, p) for p in earlier), default=0)
+        earlier.append(ids)
+        return best
 
     def send(self, ids: list[int], salt: str | None, model: str | None = None) -> tuple[float, int | None]:
         """Stream one 1-token completion; (TTFT seconds, cached prompt tokens)."""
@@ -171,6 +183,15 @@ def run_isolation(ep: Endpoint, plan: IsolationPlan, *, block_size: int | None =
                            time.perf_counter() - t0, error)
 
 
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def _word(rng: random.Random) -> str:
     return "".join(rng.choice(string.ascii_lowercase + string.digits) for _ in range(rng.randint(2, 7)))
 
@@ -194,10 +215,12 @@ def _cell(prober, rng, pool, length, config, salts, victim_tail, attacker_tail, 
     """Plant a fresh secret as the victim, then probe it (correct) and a fresh guess (wrong)
     as the attacker, in random order."""
     secret = [rng.choice(pool) for _ in range(length)]
+    own = prober.own_prefix("victim", salts[0], adapter, secret + victim_tail)
     ttft, cached = prober.send(secret + victim_tail, salts[0], model=adapter)
     base = {"config": config, "length": length, "trial": trial}
-    rows.append(base | {"role": "plant", "ttft_s": ttft, "cached_tokens": cached})
+    rows.append(base | {"role": "plant", "ttft_s": ttft, "cached_tokens": cached, "own_prefix": own})
     guesses = [("correct", secret), ("wrong", [rng.choice(pool) for _ in range(length)])]
     for role, guess in rng.sample(guesses, 2):
+        own = prober.own_prefix("attacker", salts[1], None, guess + attacker_tail)
         ttft, cached = prober.send(guess + attacker_tail, salts[1])
-        rows.append(base | {"role": role, "ttft_s": ttft, "cached_tokens": cached})
+        rows.append(base | {"role": role, "ttft_s": ttft, "cached_tokens": cached, "own_prefix": own})

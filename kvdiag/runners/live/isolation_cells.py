@@ -21,6 +21,8 @@ def analyse(rows: list[dict], block_size: int) -> list[IsolationCell]:
         if not right or not wrong:
             continue
         cached_r, cached_w = [r["cached_tokens"] for r in right], [r["cached_tokens"] for r in wrong]
+        beyond_r, beyond_w = ([max(0, r["cached_tokens"] - r.get("own_prefix", 0)) for r in rs]
+                              for rs in (right, wrong))
         ttft_r, ttft_w = [r["ttft_s"] for r in right], [r["ttft_s"] for r in wrong]
         test = rank_test(ttft_r, ttft_w)
         out.append(IsolationCell(
@@ -28,6 +30,7 @@ def analyse(rows: list[dict], block_size: int) -> list[IsolationCell]:
             cached_correct_mean=statistics.fmean(cached_r), cached_wrong_mean=statistics.fmean(cached_w),
             cached_correct_max=max(cached_r), cached_wrong_max=max(cached_w),
             cached_correct_median=statistics.median(cached_r), block_size=block_size,
+            beyond_own_correct_max=max(beyond_r), beyond_own_wrong_max=max(beyond_w),
             ttft_correct_median_s=statistics.median(ttft_r),
             ttft_wrong_median_s=statistics.median(ttft_w),
             auc=test.auc, auc_ci95=list(bootstrap_ci(ttft_r, ttft_w)),

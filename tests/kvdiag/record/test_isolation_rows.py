@@ -73,6 +73,9 @@ def test_an_older_isolation_summary_loads_into_the_typed_blocks():
     assert summary.leaks[0].config == "per-tenant" and summary.leaks[0].content_leak is True
     # nothing was lost or retyped on the way: it writes back what it read (ints stay ints)
     written = json.loads(summary.to_json())
+    newer = ("beyond_own_correct_max", "beyond_own_wrong_max")  # not measured then: None
+    for cell in written["isolation"]["cells"] + written["leaks"]:
+        assert [cell.pop(k) for k in newer] == [None, None]
     assert written["isolation"] == OLD["isolation"] and written["leaks"] == OLD["leaks"]
     assert isinstance(written["isolation"]["cells"][0]["cached_correct_max"], int)
 

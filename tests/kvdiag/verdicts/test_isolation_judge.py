@@ -93,3 +93,20 @@ def test_the_runner_imports_nothing_from_the_verdicts():
         imported = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
         imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         assert not [m for m in imported if m.startswith("kvdiag.verdicts")], name
+
+
+def test_a_hit_the_attackers_own_history_explains_is_no_content_leak():
+    """SGLang caches by the token: a guess whose first token an earlier guess of the same
+    tenant shared gets 1 cached token, a correct guess as well as a wrong one. Only tokens
+    beyond the attacker's own prefix count (a healthy SGLang once failed on 1 vs 0)."""
+    def cell(correct, wrong, beyond_correct, beyond_wrong):
+        return _stats("per-tenant", 256, 0).model_copy(update={
+            "cached_correct_max": correct, "cached_wrong_max": wrong,
+            "beyond_own_correct_max": beyond_correct, "beyond_own_wrong_max": beyond_wrong})
+    plan = IsolationPlanBlock(lengths=[256])
+    own = judge_isolation([cell(1, 0, 0, 0)], plan, None).details.cells[0]
+    assert own.content_leak is False
+    leaked = judge_isolation([cell(257, 1, 256, 0)], plan, None)
+    assert leaked.verdict is Verdict.FAIL and leaked.details.cells[0].content_leak is True
+    older = judge_isolation([cell(1, 0, None, None)], plan, None).details.cells[0]
+    assert older.content_leak is True  # a summary without the counts: every cached token counts
