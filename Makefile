@@ -250,7 +250,7 @@ sglang-cpu-env: $(SGLANG_CPU_VENV)/.installed
 # Real SGLang in the loop (all slow, tests/kvdiag/engines/test_sglang_live.py): the probe passes a
 # healthy SGLang, fails one with `stale-node` planted, the isolation audit sees `salt-ignored`
 # leak, regress completes, and a server killed mid-run exits 2 and resumes.
-# kvdiag watch in front of a real SGLang is a target of its own (CI: slot 4 since commit 249;
+# kvdiag watch in front of a real SGLang is a target of its own (CI: slot 4 since commit 250;
 # it made slot 2's stage 2,083 s here at commit 248, about 720 s of it).
 test-sglang-live: test-sglang-live-core test-sglang-live-lifecycle test-sglang-live-watch
 
