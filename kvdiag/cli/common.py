@@ -76,8 +76,7 @@ BlockSizeOpt = Annotated[int | None, typer.Option(
 SessionsOpt = Annotated[Path | None, typer.Option(
     "--sessions", show_default=False, help="Replay your own conversations instead of generated "
     "ones: JSONL, one a line, or one JSON array, in OpenAI chat or ShareGPT format "
-    "(docs/own-sessions.md); the suite's "
-    "case says how many and at most how many rounds.")]
+    "(docs/own-sessions.md); the suite's case says how many and at most how many rounds.")]
 SessionsFormatOpt = Annotated[Literal["auto", "openai", "sharegpt"], typer.Option(
     "--sessions-format", help="The sessions file's format; auto: told by its first conversation.")]
 NoTextOpt = Annotated[bool, typer.Option(

@@ -38,6 +38,7 @@ from kvdiag.record.isolation_rows import IsolationCell, IsolationPlanBlock, Isol
 from kvdiag.runners.live.endpoint import Endpoint
 from kvdiag.runners.live.isolation_cells import analyse
 from kvdiag.runners.live.isolation_plan import CONFIGS, LENGTH_BLOCKS, IsolationPlan
+from kvdiag.runners.live.oracle import lcp
 
 
 @dataclass
@@ -66,7 +67,7 @@ class _Prober:
         salt and model: what its own history may hit (an engine that caches by the token, as
         SGLang does, hits a first token two random guesses share). Remembers `ids`."""
         earlier = self.sent.setdefault((tenant, salt, model), [])
-        best = max((_common(ids, p) for p in earlier), default=0)
+        best = max((lcp(ids, p) for p in earlier), default=0)
         earlier.append(ids)
         return best
 
@@ -181,15 +182,6 @@ def run_isolation(ep: Endpoint, plan: IsolationPlan, *, block_size: int | None =
                                                     "configurations": list(configs)})
     return IsolationResult(analyse(rows, bs), rows, server, plan_out, prober.requests,
                            time.perf_counter() - t0, error)
-
-
-def _common(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _word(rng: random.Random) -> str:

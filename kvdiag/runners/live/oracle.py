@@ -148,7 +148,7 @@ class PrefixTrie:
             for tail, length, out, key in node.ends:  # other prompts ending in this block
                 if key == req.key:
                     continue
-                common = _lcp(rest, tail)
+                common = lcp(rest, tail)
                 best = max(best, depth * b + common)
                 if common == len(tail) and len(ids) > length:
                     best = max(best, length + (len(ids) if out is None else out))  # X extends Y: Y's output may match too
@@ -159,11 +159,12 @@ class PrefixTrie:
                 continue
             for block_ids, other in node.children.items():  # the next block, partly shared
                 if other is not child:  # (a child only this request passes is its own)
-                    best = max(best, depth * b + _lcp(rest, block_ids))
+                    best = max(best, depth * b + lcp(rest, block_ids))
             return best
 
 
-def _lcp(a, b) -> int:
+def lcp(a, b) -> int:
+    """The length of the longest common prefix of two token sequences."""
     n = min(len(a), len(b))
     for i in range(n):
         if a[i] != b[i]:

@@ -4,6 +4,7 @@ stored say of each event, reached or not, and why."""
 from __future__ import annotations
 
 from kvdiag.runners.live.lifeplan import LifePlan
+from kvdiag.runners.live.oracle import lcp
 from kvdiag.runners.live.slotlife import PINNED, children_sets
 from kvdiag.vocab import CHUNK_REUSE, FAILED_RESTORE
 
@@ -30,7 +31,7 @@ def _reuse(by_group: dict, life: LifePlan, row) -> dict:
     shifted = []
     for q in life.group("reuse"):
         if q.of is not None and q.j in rows:
-            past = (rows[q.j].get("cached_tokens") or 0) - _common(life.requests[q.of].ids, q.ids)
+            past = (rows[q.j].get("cached_tokens") or 0) - lcp(life.requests[q.of].ids, q.ids)
             if past > 0:
                 shifted.append(past)
     asked = sum(q.of is not None for q in life.group("reuse"))
@@ -91,7 +92,7 @@ def _ram_cache(by_group: dict, life: LifePlan, row) -> dict:
             continue
         between = sent[sent.index(life.requests[q.of]) + 1:sent.index(q)]
         returning[q.group] += 1
-        if (r.get("cached_tokens") or 0) > max((_common(p.ids, q.ids) for p in between), default=0):
+        if (r.get("cached_tokens") or 0) > max((lcp(p.ids, q.ids) for p in between), default=0):
             restored[q.group].append(r["cached_tokens"])
     hit, pinned = restored["rotate"], restored["pinned"]
     return row("ram-cache", bool(hit), f"{slots + 1} conversations through {slots} slots, one request "
@@ -100,13 +101,6 @@ def _ram_cache(by_group: dict, life: LifePlan, row) -> dict:
                f"{max(hit, default=0)}): restored from the RAM prompt cache; pinned to a slot (id_slot), "
                f"{len(pinned)} of {returning['pinned']} did", len(rows),
                {"restored": len(hit), "restored_pinned": len(pinned)})
-
-
-def _common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
 
 
 def _restore(by_group: dict, observed: dict, row) -> dict:
