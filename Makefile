@@ -251,7 +251,8 @@ sglang-cpu-env: $(SGLANG_CPU_VENV)/.installed
 # healthy SGLang, fails one with `stale-node` planted, the isolation audit sees `salt-ignored`
 # leak, regress completes, and a server killed mid-run exits 2 and resumes.
 # kvdiag watch in front of a real SGLang is a target of its own (CI: slot 4 since commit 250;
-# it made slot 2's stage 2,083 s here at commit 248, about 720 s of it).
+# it made slot 2's stage 2,083 s here at commit 248, about 720 s of it; 731 s in slot 4 here
+# at 252, about 420 s since its probes run in the smoke suite's pool at commit 253).
 test-sglang-live: test-sglang-live-core test-sglang-live-lifecycle test-sglang-live-watch
 
 test-sglang-live-core: setup sglang-cpu-env  # (CI: a rotation slot each)
