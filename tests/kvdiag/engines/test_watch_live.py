@@ -36,10 +36,14 @@ ENGINES = [
 pytestmark = pytest.mark.slow
 
 
+def _launcher(engine: str) -> type[VllmLocal] | type[SglangLocal]:
+    return VllmLocal if engine == "vllm" else SglangLocal
+
+
 def _watched(engine: str, tmp_path, fault: str | None) -> tuple[dict, tuple[int, dict], list[dict]]:
-    cls, kw = (VllmLocal, {"block_size": 32}) if engine == "vllm" else (SglangLocal, {})
-    with cls(CANARY, fault=fault, max_model_len=2048, served_model="canary",
-             log_path=tmp_path / f"{engine}.log", **kw) as server:
+    cls = _launcher(engine)
+    with cls(CANARY, fault=fault, block_size=cls.BLOCK_SIZE, max_model_len=2048, served_model="canary",
+             log_path=tmp_path / f"{engine}.log") as server:
         return tenants_through(server.base_url, tmp_path / "watch.jsonl")
 
 
@@ -56,9 +60,8 @@ def test_salt_ignored_shows_as_over_hits_across_tenants(engine, tmp_path):
 @pytest.mark.parametrize("traffic", ["suite", "sessions"])
 @pytest.mark.parametrize("engine", ENGINES)
 def test_the_probes_own_traffic_through_a_watch_finds_nothing(engine, traffic, tmp_path):
-    cls, block = (VllmLocal, 32) if engine == "vllm" else (SglangLocal, 1)
-    smoke = load_suite("smoke")
-    pool = server_pool(smoke, smoke.cases[0], CANARY, block)["num_blocks"]
-    with cls(CANARY, block_size=block, num_blocks=pool, max_model_len=2048, served_model="canary",
-             log_path=tmp_path / f"{engine}.log") as server:
+    cls, smoke = _launcher(engine), load_suite("smoke")
+    pool = server_pool(smoke, smoke.cases[0], CANARY, cls.BLOCK_SIZE)["num_blocks"]
+    with cls(CANARY, block_size=cls.BLOCK_SIZE, num_blocks=pool, max_model_len=2048,
+             served_model="canary", log_path=tmp_path / f"{engine}.log") as server:
         assert_watched_clean(*probe_through(server.base_url, tmp_path, traffic))
